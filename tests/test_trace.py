@@ -1,0 +1,162 @@
+"""The tracing core on analytic scenes: every expected value is computed by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import box_mesh, quad_mesh
+
+from wsim.scene import Instance, Material, MeshData, Part, Scene
+from wsim.scene.geometry import SceneGeometry
+from wsim.scene.transforms import quat_from_axis_angle
+
+
+def _static_scene(points, faces, parts=None, n_parts=1) -> Scene:
+    s = Scene(MeshData(points, faces, 0 if parts is None else parts))
+    s.materials.append(Material.from_labels("steel_paint_retro", "steel", "paint", ["retroreflective"]))
+    for k in range(n_parts):
+        s.parts.append(Part(f"part{k}", material=1, semantic_class=s.semantic_class_index(f"class{k}"),
+                            object_id=10 + k))
+    if parts is None:
+        s.static.tri_part[:] = 1
+    return s
+
+
+def _sphere_dirs(n: int, seed: int = 0) -> np.ndarray:
+    d = np.random.default_rng(seed).normal(size=(n, 3))
+    return d / np.linalg.norm(d, axis=1, keepdims=True)
+
+
+def test_plane_at_known_distance(device):
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])  # plane x = 5 facing -x
+    scene = _static_scene(p, f)
+    geo = SceneGeometry(scene, device)
+    rng = np.random.default_rng(1)
+    d = np.column_stack([np.ones(200), rng.uniform(-0.5, 0.5, 200), rng.uniform(-0.5, 0.5, 200)])
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    o = np.zeros((200, 3))
+    h = geo.trace(o, d).numpy()
+    np.testing.assert_allclose(h["t"], 5.0 / d[:, 0], rtol=1e-5)
+    np.testing.assert_allclose(h["point"][:, 0], 5.0, atol=1e-4)
+    assert np.all(h["face"] >= 0) and np.all(h["instance"] == -1)
+    assert np.all(h["material_id"] == 4354) and np.all(h["object_id"] == 10) and np.all(h["semantic"] == 1)
+    np.testing.assert_allclose(np.abs(h["normal"][:, 0]), 1.0, atol=1e-6)
+    # rays pointing away miss
+    miss = geo.trace(o, -d).numpy()
+    assert np.all(miss["face"] == -1)
+
+
+def test_box_room_every_ray_hits_analytic_wall(device):
+    lo, hi = np.array([-4.0, -3.0, -1.5]), np.array([6.0, 2.5, 3.0])
+    p, f = box_mesh(lo, hi, inward=True)
+    geo = SceneGeometry(_static_scene(p, f), device)
+    n = 20000
+    d = _sphere_dirs(n)
+    o = np.tile([0.3, -0.2, 0.4], (n, 1))
+    h = geo.trace(o, d).numpy()
+    # analytic distance: nearest positive exit through the slabs
+    with np.errstate(divide="ignore"):
+        tx = np.where(d > 0, (hi - o) / d, (lo - o) / d)
+    t_ref = tx.min(axis=1)
+    assert np.all(h["face"] >= 0)
+    np.testing.assert_allclose(h["t"], t_ref, atol=1e-4)
+    # inward-facing room: normals point into the room, against the ray
+    assert np.all(np.sum(h["normal"] * d, axis=1) < 0)
+
+
+def test_sharded_cpu_launch_is_bit_identical():
+    p, f = box_mesh([-4, -3, -1.5], [6, 2.5, 3], inward=True)
+    geo = SceneGeometry(_static_scene(p, f), "cpu")
+    d = _sphere_dirs(50000, seed=3)
+    o = np.zeros((50000, 3))
+    one = geo.trace(o, d, threads=1).numpy()
+    many = geo.trace(o, d, threads=4).numpy()
+    for k in ("t", "point", "normal", "face", "u", "v"):
+        assert np.array_equal(one[k], many[k]), k
+
+
+def test_moving_box_hit_at_interpolated_position(device):
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.prototypes.append(MeshData(bp, bf, 0, name="box"))
+    # box centre moves from y=-2 to y=+2 over t in [0, 1] s, at x = 10, while rotating 90° about z
+    q0 = quat_from_axis_angle([0, 0, 1], 0.0)
+    q1 = quat_from_axis_angle([0, 0, 1], np.pi / 2)
+    s.instances.append(Instance(0, [0.0, 1.0], [[10, -2, 0], [10, 2, 0]], [q0, q1], object_id=7))
+    geo = SceneGeometry(s, device)
+    times = np.linspace(0.0, 1.0, 11)
+    y = -2 + 4 * times
+    # rays along +x aimed at the box centre at each ray's own time: the box face (rotated square) is hit at
+    # x = 10 - half-extent of the rotated square along x = 10 - 0.5 (|cos θ| + |sin θ|)
+    o = np.column_stack([np.zeros(11), y, np.zeros(11)])
+    d = np.tile([1.0, 0, 0], (11, 1))
+    h = geo.trace(o, d, times).numpy()
+    theta = np.pi / 2 * times
+    # a ray through the centre of a square rotated by θ hits its face at distance 0.5/cos(θ mod 90° folded)
+    th = np.minimum(theta % (np.pi / 2), np.pi / 2 - theta % (np.pi / 2))
+    t_ref = 10 - 0.5 / np.cos(th)
+    np.testing.assert_allclose(h["t"], t_ref, atol=1e-4)
+    assert np.all(h["instance"] == 0) and np.all(h["object_id"] == 7)
+    np.testing.assert_allclose(h["time"], times, atol=1e-7)
+    # at t = 0.25 s the box is at y = -1: a ray at the t=0 position (y=-2) misses it
+    miss = geo.trace([[0, -2, 0]], [[1, 0, 0]], 0.25).numpy()
+    assert miss["face"][0] == -1
+
+
+def test_time_window_refit_keeps_hits(device):
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.prototypes.append(MeshData(bp, bf, 0))
+    ts = np.linspace(0, 10, 101)
+    s.instances.append(Instance(0, ts, np.column_stack([10 + 0 * ts, ts - 5, 0 * ts]), np.tile([0, 0, 0, 1.0], (101, 1))))
+    geo = SceneGeometry(s, device)
+    geo.set_time_window(4.0, 4.2)
+    t = np.array([4.0, 4.05, 4.1, 4.2])
+    h = geo.trace(np.column_stack([0 * t, t - 5, 0 * t]), np.tile([1.0, 0, 0], (4, 1)), t).numpy()
+    np.testing.assert_allclose(h["t"], 9.5, atol=1e-4)
+
+
+def test_two_instances_share_one_blas(device):
+    bp, bf = box_mesh([-1, -1, -1], [1, 1, 1])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.parts.append(Part("car_body", semantic_class=s.semantic_class_index("car")))
+    s.prototypes.append(MeshData(bp, bf, 1, name="car"))
+    ident = [0, 0, 0, 1.0]
+    s.instances.append(Instance(0, [0.0], [[10, 0, 0]], [ident], object_id=1))
+    s.instances.append(Instance(0, [0.0], [[-20, 0, 0]], [ident], scales=[[2, 2, 2]], object_id=2))
+    geo = SceneGeometry(s, device)
+    assert len(geo.prototype_meshes) == 1  # one BLAS for both
+    h = geo.trace([[0, 0, 0], [0, 0, 0]], [[1, 0, 0], [-1, 0, 0]]).numpy()
+    np.testing.assert_allclose(h["t"], [9.0, 18.0], atol=1e-4)
+    assert list(h["object_id"]) == [1, 2] and list(h["instance"]) == [0, 1]
+    assert list(h["semantic"]) == [1, 1]
+    np.testing.assert_allclose(h["normal"], [[-1, 0, 0], [1, 0, 0]], atol=1e-5)
+
+
+def test_continuing_queries_return_stack_in_order_and_shared_edge_once(device):
+    # five parallel planes x = 2, 4, 6, 8, 10; each a 2-triangle quad whose diagonal lies in the plane y = z
+    pts, faces = [], []
+    for k, x in enumerate([2.0, 4.0, 6.0, 8.0, 10.0]):
+        p, f = quad_mesh([x, 0, 0], [0, 3, 0], [0, 0, 3])
+        pts.append(p)
+        faces.append(f + 4 * k)
+    scene = _static_scene(np.concatenate(pts), np.concatenate(faces))
+    geo = SceneGeometry(scene, device)
+    # ray 0 through the shared diagonal (y = z exactly): each plane must be reported once
+    o = np.array([[0, 0.5, 0.5], [0, 1.0, -0.7], [0, -0.4, 0.4]])
+    d = np.tile([1.0, 0, 0], (3, 1))
+    h = geo.trace(o, d, max_hits=8).numpy()
+    assert list(h["count"]) == [5, 5, 5]
+    np.testing.assert_allclose(h["t"][:, :5], np.tile([2, 4, 6, 8, 10.0], (3, 1)), atol=1e-4)
+    assert np.all(h["face"][:, 5:] == -1)
+    # the same stack with a ray that starts between planes
+    h2 = geo.trace([[5.0, 0.5, 0.5]], [[1.0, 0, 0]], max_hits=8).numpy()
+    assert h2["count"][0] == 3
+    np.testing.assert_allclose(h2["t"][0, :3], [1, 3, 5], atol=1e-4)
+
+
+def test_ray_count_mismatch_is_an_error():
+    p, f = quad_mesh([5.0, 0, 0], [0, 1, 0], [0, 0, 1])
+    geo = SceneGeometry(_static_scene(p, f), "cpu")
+    with pytest.raises(ValueError, match="directions"):
+        geo.trace(np.zeros((3, 3)), np.ones((2, 3)))

@@ -1,0 +1,95 @@
+"""Pose maths on the device: the one implementation of pose interpolation used by lidar, camera and scene.
+
+Quaternions are (x, y, z, w) (Warp's order). A pose maps child to parent: p_parent = R(q) p_child + t.
+Interpolation between key samples: translation lerp, rotation shortest-arc slerp, clamped outside the keys.
+"""
+
+import warp as wp
+
+
+@wp.func
+def quat_slerp_shortest(q0: wp.quat, q1: wp.quat, s: float) -> wp.quat:
+    """Shortest-arc slerp between unit quaternions; falls back to normalised lerp for nearly equal rotations."""
+    d = wp.dot(q0, q1)
+    q1s = q1
+    if d < 0.0:
+        q1s = -q1
+        d = -d
+    if d > 0.9995:
+        return wp.normalize(q0 + s * (q1s - q0))
+    th = wp.acos(wp.min(d, 1.0))
+    sth = wp.sin(th)
+    return (wp.sin((1.0 - s) * th) / sth) * q0 + (wp.sin(s * th) / sth) * q1s
+
+
+@wp.func
+def lerp_pose(p0: wp.transform, p1: wp.transform, s: float) -> wp.transform:
+    """Interpolate two rigid poses at fraction s in [0, 1]."""
+    t = wp.lerp(wp.transform_get_translation(p0), wp.transform_get_translation(p1), s)
+    q = quat_slerp_shortest(wp.transform_get_rotation(p0), wp.transform_get_rotation(p1), s)
+    return wp.transform(t, q)
+
+
+@wp.func
+def key_segment(times: wp.array[float], start: int, count: int, t: float) -> wp.vec2i:
+    """Index i of the key segment [i, i+1] containing t (binary search), and 1 if inside else 0 (clamped)."""
+    if count <= 1 or t <= times[start]:
+        return wp.vec2i(start, 0)
+    last = start + count - 1
+    if t >= times[last]:
+        return wp.vec2i(last, 0)
+    lo = start
+    hi = last
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if times[mid] <= t:
+            lo = mid
+        else:
+            hi = mid
+    return wp.vec2i(lo, 1)
+
+
+@wp.struct
+class KeyedTransform:
+    """An affine transform at time t: translation, rotation, per-axis scale."""
+
+    pos: wp.vec3
+    rot: wp.quat
+    scale: wp.vec3
+
+
+@wp.func
+def sample_keys(
+    times: wp.array[float],
+    pos: wp.array[wp.vec3],
+    rot: wp.array[wp.quat],
+    scale: wp.array[wp.vec3],
+    start: int,
+    count: int,
+    t: float,
+) -> KeyedTransform:
+    """Transform of a keyed track at time t [s] (lerp + shortest-arc slerp + scale lerp, clamped)."""
+    seg = key_segment(times, start, count, t)
+    i = seg[0]
+    out = KeyedTransform()
+    if seg[1] == 0:
+        out.pos = pos[i]
+        out.rot = rot[i]
+        out.scale = scale[i]
+        return out
+    s = (t - times[i]) / (times[i + 1] - times[i])
+    out.pos = wp.lerp(pos[i], pos[i + 1], s)
+    out.rot = quat_slerp_shortest(rot[i], rot[i + 1], s)
+    out.scale = wp.lerp(scale[i], scale[i + 1], s)
+    return out
+
+
+@wp.func
+def sample_trajectory(times: wp.array[float], poses: wp.array[wp.transform], t: float) -> wp.transform:
+    """Rigid pose of a trajectory (key times [s], child-to-world poses) at time t, clamped outside the keys."""
+    seg = key_segment(times, 0, times.shape[0], t)
+    i = seg[0]
+    if seg[1] == 0:
+        return poses[i]
+    s = (t - times[i]) / (times[i + 1] - times[i])
+    return lerp_pose(poses[i], poses[i + 1], s)

@@ -1,0 +1,66 @@
+"""Kernel launching: on the CPU, large 1-D launches are sharded across threads so every core works.
+
+Warp runs a CPU launch on one core and releases the GIL while it runs, so disjoint index ranges launched from a
+thread pool run in parallel. Each shard writes only its own outputs: results are bit-identical to one launch.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import warp as wp
+
+_POOL: ThreadPoolExecutor | None = None
+_MIN_SHARD = 2048
+
+
+def cpu_threads() -> int:
+    """Threads used for CPU launches: ``WSIM_NUM_THREADS`` if set, else the cores this process may use."""
+    env = os.environ.get("WSIM_NUM_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None or _POOL._max_workers < n:  # noqa: SLF001 - grow the shared pool when asked for more threads
+        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="wsim-launch")
+    return _POOL
+
+
+def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, threads: int | None = None) -> None:
+    """Launch a 1-D kernel whose second-to-last input is an ``offset: int`` added to ``wp.tid()``.
+
+    Args:
+        kernel: A ``@wp.kernel`` taking ``(..., offset, *outputs)``: pass ``inputs`` without the offset.
+        dim: Number of work items.
+        inputs: Kernel inputs before the offset argument.
+        outputs: Kernel arguments after the offset argument.
+        device: Warp device.
+        threads: CPU threads (default :func:`cpu_threads`); ignored on CUDA, where one launch is made.
+    """
+    if dim <= 0:
+        return
+    dev = wp.get_device(device)
+    n = 1 if dev.is_cuda else (threads or cpu_threads())
+    if n <= 1 or dim < 2 * _MIN_SHARD:
+        wp.launch(kernel, dim=dim, inputs=[*inputs, 0], outputs=outputs, device=dev)
+        return
+    # several shards per thread balance uneven work (some rays are far more expensive than others)
+    shards = min(max(n * 8, 1), max(1, dim // _MIN_SHARD))
+    bounds = [dim * k // shards for k in range(shards + 1)]
+    # compile/load once on this thread before fanning out
+    wp.load_module(kernel.module, device=dev)
+
+    def run(k: int) -> None:
+        a, b = bounds[k], bounds[k + 1]
+        if b > a:
+            wp.launch(kernel, dim=b - a, inputs=[*inputs, a], outputs=outputs, device=dev)
+
+    list(_pool(n).map(run, range(shards)))

@@ -1,0 +1,230 @@
+"""Device-side geometry of a :class:`~wsim.scene.scene.Scene`: the static ``wp.Mesh``, one ``wp.Mesh`` (BLAS) per
+prototype, the instance table with transform keys, and a top-level ``wp.Bvh`` over instance bounds swept over a time
+window. Built once per scene and device; a new time window only refits the top level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import warp as wp
+
+from .. import launch as _launch
+from ..kernels import trace as _trace
+from .scene import Scene
+from .transforms import quat_slerp, quat_to_matrix
+
+BVH_LEAF_SIZE = 2  # measured best for closest-hit rays on the CPU (SAH); see benchmarks/raycast.py
+
+
+def _constructor(device: wp.context.Device, name: str | None) -> str:
+    if name:
+        return name
+    return "lbvh" if device.is_cuda else "sah"
+
+
+@dataclass
+class Hits:
+    """Hit records of a batch of rays (device arrays; convert with :meth:`numpy`).
+
+    Attributes:
+        records: ``wp.array`` of :class:`wsim.kernels.trace.Hit`, shape (N,) or (N, max_hits).
+        counts: For multi-hit queries, (N,) number of surfaces found per ray; else None.
+    """
+
+    records: wp.array
+    counts: wp.array | None = None
+
+    def numpy(self) -> dict[str, np.ndarray]:
+        """Fields of the hit records as NumPy arrays keyed by field name (``t``, ``point``, ``face``, ...)."""
+        rec = self.records.numpy()
+        out = {name: rec[name] for name in rec.dtype.names}
+        if self.counts is not None:
+            out["count"] = self.counts.numpy()
+        return out
+
+
+class SceneGeometry:
+    """The device geometry of a scene. Obtain it with :meth:`Scene.device_geometry`.
+
+    Args:
+        scene: The host scene.
+        device: Warp device ("cpu", "cuda:0", ...).
+        bvh_constructor: "sah", "lbvh", "median" or "cubql" (default: sah on CPU, lbvh on CUDA).
+        leaf_size: BVH leaf size of the static and prototype meshes.
+    """
+
+    def __init__(self, scene: Scene, device: str | None = None, *, bvh_constructor: str | None = None,
+                 leaf_size: int = BVH_LEAF_SIZE) -> None:
+        scene.validate()
+        self.scene = scene
+        self.device = wp.get_device(device)
+        ctor = _constructor(self.device, bvh_constructor)
+        d = self.device
+        self._keep: list = []
+
+        def mesh(m) -> wp.Mesh:
+            pts = wp.array(m.points, dtype=wp.vec3, device=d)
+            idx = wp.array(m.indices.reshape(-1), dtype=wp.int32, device=d)
+            msh = wp.Mesh(points=pts, indices=idx, bvh_constructor=ctor, bvh_leaf_size=leaf_size)
+            self._keep.append(msh)
+            return msh
+
+        geo = _trace.SceneGeo()
+        if scene.static.num_triangles:
+            self.static_mesh = mesh(scene.static)
+            geo.static_mesh = self.static_mesh.id
+            geo.static_tri_part = wp.array(scene.static.tri_part, dtype=wp.int32, device=d)
+        else:
+            self.static_mesh = None
+            geo.static_mesh = wp.uint64(0)
+            geo.static_tri_part = wp.zeros(1, dtype=wp.int32, device=d)
+
+        self.prototype_meshes = [mesh(p) if p.num_triangles else None for p in scene.prototypes]
+        proto_offsets = np.cumsum([0] + [p.num_triangles for p in scene.prototypes])
+        proto_parts = (np.concatenate([p.tri_part for p in scene.prototypes]) if scene.prototypes
+                       else np.zeros(1, np.int32))
+        insts = [i for i in scene.instances if self.prototype_meshes[i.prototype] is not None]
+        self.instances = insts
+        n = len(insts)
+        geo.num_instances = n
+        geo.inst_mesh = wp.array([self.prototype_meshes[i.prototype].id for i in insts] or [0], dtype=wp.uint64,
+                                 device=d)
+        geo.inst_part_offset = wp.array([int(proto_offsets[i.prototype]) for i in insts] or [0], dtype=wp.int32,
+                                        device=d)
+        counts = [len(i.times) for i in insts]
+        starts = np.cumsum([0] + counts[:-1]).astype(np.int32) if n else np.zeros(1, np.int32)
+        geo.inst_key_start = wp.array(starts, dtype=wp.int32, device=d)
+        geo.inst_key_count = wp.array(counts or [0], dtype=wp.int32, device=d)
+        geo.inst_object = wp.array([i.object_id for i in insts] or [0], dtype=wp.int32, device=d)
+        geo.inst_semantic = wp.array([i.semantic_class for i in insts] or [0], dtype=wp.int32, device=d)
+        geo.proto_tri_part = wp.array(proto_parts, dtype=wp.int32, device=d)
+
+        def cat(attr: str, width: int) -> np.ndarray:
+            if not n:
+                return np.zeros((1, width), np.float32)
+            return np.concatenate([np.asarray(getattr(i, attr)).reshape(-1, width) for i in insts]).astype(np.float32)
+
+        geo.key_time = wp.array(cat("times", 1).reshape(-1), dtype=float, device=d)
+        geo.key_pos = wp.array(cat("translations", 3), dtype=wp.vec3, device=d)
+        geo.key_rot = wp.array(cat("rotations", 4), dtype=wp.quat, device=d)
+        geo.key_scale = wp.array(cat("scales", 3), dtype=wp.vec3, device=d)
+        geo.part_material = wp.array([p.material for p in scene.parts], dtype=wp.int32, device=d)
+        geo.part_object = wp.array([p.object_id for p in scene.parts], dtype=wp.int32, device=d)
+        geo.part_semantic = wp.array([p.semantic_class for p in scene.parts], dtype=wp.int32, device=d)
+        geo.material_code = wp.array([m.material_id for m in scene.materials], dtype=wp.int32, device=d)
+
+        self._local_bounds = [
+            (scene.prototypes[i.prototype].points.min(0).astype(np.float64),
+             scene.prototypes[i.prototype].points.max(0).astype(np.float64)) for i in insts
+        ]
+        self.tlas = None
+        self.time_window: tuple[float, float] | None = None
+        if n:
+            lo, hi = self._swept_bounds(None)
+            self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=d)
+            self._tlas_uppers = wp.array(hi, dtype=wp.vec3, device=d)
+            self.tlas = wp.Bvh(self._tlas_lowers, self._tlas_uppers)
+            geo.tlas = self.tlas.id
+        else:
+            geo.tlas = wp.uint64(0)
+        self.geo = geo
+
+    @property
+    def num_triangles(self) -> int:
+        return self.scene.num_triangles
+
+    def set_time_window(self, t0: float | None, t1: float | None = None) -> None:
+        """Tighten the top-level bounds to the instances' motion over [t0, t1] [s] (None: all key times).
+
+        Rays whose time lies outside the window may miss moving objects; sensors set the window of their frame.
+        """
+        window = None if t0 is None else (float(t0), float(t1 if t1 is not None else t0))
+        if self.tlas is None or window == self.time_window:
+            return
+        lo, hi = self._swept_bounds(window)
+        self._tlas_lowers.assign(lo)
+        self._tlas_uppers.assign(hi)
+        self.tlas.refit()
+        self.time_window = window
+
+    def _swept_bounds(self, window: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
+        lows, highs = [], []
+        for inst, (blo, bhi) in zip(self.instances, self._local_bounds):
+            ts = inst.times
+            if window is None or len(ts) == 1:
+                sel = np.arange(len(ts))
+            else:
+                t0, t1 = window
+                i0 = max(0, int(np.searchsorted(ts, t0, side="right")) - 1)
+                i1 = min(len(ts) - 1, int(np.searchsorted(ts, t1, side="left")))
+                sel = np.arange(i0, i1 + 1)
+            corners = np.array([[x, y, z] for x in (blo[0], bhi[0]) for y in (blo[1], bhi[1])
+                                for z in (blo[2], bhi[2])])
+            pts, pad = [], 0.0
+            sub = 4  # sub-steps per key segment; the arc between them is covered by ``pad``
+            for a, b in zip(sel[:-1], sel[1:]):
+                qa, qb = inst.rotations[a], inst.rotations[b]
+                ang = 2 * np.arccos(min(1.0, abs(float(np.dot(qa, qb)))))
+                rad = float(np.linalg.norm(corners, axis=1).max() * np.abs(inst.scales[[a, b]]).max())
+                pad = max(pad, rad * (1 - np.cos(ang / sub / 2)))
+                for s in np.linspace(0, 1, sub + 1):
+                    q = quat_slerp(qa, qb, s)
+                    sc = (1 - s) * inst.scales[a] + s * inst.scales[b]
+                    tr = (1 - s) * inst.translations[a] + s * inst.translations[b]
+                    pts.append((corners * sc) @ quat_to_matrix(q).T + tr)
+            if len(sel) == 1:
+                k = sel[0]
+                pts.append((corners * inst.scales[k]) @ quat_to_matrix(inst.rotations[k]).T + inst.translations[k])
+            p = np.concatenate(pts)
+            eps = 1e-4 * (1.0 + np.abs(p).max())
+            lows.append(p.min(0) - pad - eps)
+            highs.append(p.max(0) + pad + eps)
+        return np.asarray(lows, np.float32), np.asarray(highs, np.float32)
+
+    def trace(
+        self,
+        origins: np.ndarray | wp.array,
+        directions: np.ndarray | wp.array,
+        times: np.ndarray | wp.array | float = 0.0,
+        *,
+        t_min: float = 0.0,
+        t_max: float = 1.0e6,
+        max_hits: int = 1,
+        threads: int | None = None,
+    ) -> Hits:
+        """Trace rays; each ray sees the scene at its own time.
+
+        Args:
+            origins: (N, 3) ray origins [m] (world).
+            directions: (N, 3) directions (normalised internally; t is then in metres).
+            times: (N,) ray times [s] on the scene clock, or one time for all rays.
+            t_min: Near limit [m]; t_max: far limit [m].
+            max_hits: 1 for the closest hit; > 1 for up to that many surfaces in path order (continuing queries).
+            threads: CPU threads (default: all cores).
+
+        Returns:
+            :class:`Hits`: records of shape (N,) for ``max_hits == 1``, else (N, max_hits) with per-ray counts.
+        """
+        d = self.device
+        o = origins if isinstance(origins, wp.array) else wp.array(np.asarray(origins, np.float32).reshape(-1, 3),
+                                                                   dtype=wp.vec3, device=d)
+        r = directions if isinstance(directions, wp.array) else wp.array(
+            np.asarray(directions, np.float32).reshape(-1, 3), dtype=wp.vec3, device=d)
+        n = o.shape[0]
+        if r.shape[0] != n:
+            raise ValueError(f"directions has {r.shape[0]} rays, origins has {n}")
+        if isinstance(times, wp.array):
+            tt = times
+        else:
+            tt = wp.array(np.broadcast_to(np.asarray(times, np.float32), (n,)).copy(), dtype=float, device=d)
+        if max_hits == 1:
+            hits = wp.empty(n, dtype=_trace.Hit, device=d)
+            _launch.launch(_trace.trace_closest_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max)], [hits],
+                           device=d, threads=threads)
+            return Hits(hits)
+        hits = wp.empty((n, max_hits), dtype=_trace.Hit, device=d)
+        counts = wp.empty(n, dtype=wp.int32, device=d)
+        _launch.launch(_trace.trace_all_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max), int(max_hits)],
+                       [hits, counts], device=d, threads=threads)
+        return Hits(hits, counts)

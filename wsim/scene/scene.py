@@ -1,0 +1,290 @@
+"""Host-side scene description shared by every loader (USD, NuRec USDZ, built-in) and every sensor.
+
+Conventions (one source of truth, used everywhere):
+- Units are SI: metres, seconds, radians. The world is Z up.
+- Quaternions are stored (x, y, z, w), Warp's order. A pose maps child to parent: ``p_parent = R(q) p_child + t``.
+- Times are seconds on the scene's clock (for USD: time code / timeCodesPerSecond; for NuRec: (us - time_origin_us)/1e6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .materials import Material
+
+
+class SceneError(ValueError):
+    """A scene file or prim is malformed. The message names the file and/or prim."""
+
+
+@dataclass
+class Part:
+    """A group of triangles with one material and one semantic class (a GeomSubset, or a whole mesh).
+
+    Attributes:
+        name: Prim path (plus ``.subset`` name for a GeomSubset).
+        material: Index into :attr:`Scene.materials`.
+        semantic_class: Index into :attr:`Scene.semantic_classes` (0 = unlabeled).
+        object_id: Stable id of the object the part belongs to (for static geometry; instances carry their own).
+    """
+
+    name: str
+    material: int = 0
+    semantic_class: int = 0
+    object_id: int = 0
+
+
+@dataclass
+class MeshData:
+    """A triangle mesh in its own frame (metres, Z up).
+
+    Attributes:
+        points: (N, 3) float32 vertex positions [m].
+        indices: (M, 3) int32 triangle vertex indices.
+        tri_part: (M,) int32 index into :attr:`Scene.parts` per triangle.
+        colors: Optional (N, 3) float32 linear vertex colours in [0, 1].
+        uvs: Optional (M, 3, 2) float32 face-varying texture coordinates.
+        name: Prototype or prim name.
+    """
+
+    points: np.ndarray
+    indices: np.ndarray
+    tri_part: np.ndarray
+    colors: np.ndarray | None = None
+    uvs: np.ndarray | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.points = np.ascontiguousarray(self.points, dtype=np.float32).reshape(-1, 3)
+        self.indices = np.ascontiguousarray(self.indices, dtype=np.int32).reshape(-1, 3)
+        self.tri_part = np.ascontiguousarray(np.broadcast_to(self.tri_part, (len(self.indices),)), dtype=np.int32)
+
+    @property
+    def num_triangles(self) -> int:
+        return int(len(self.indices))
+
+    def validate(self, where: str) -> None:
+        """Raise :class:`SceneError` naming ``where`` for NaN/inf points or out-of-range indices."""
+        if not np.all(np.isfinite(self.points)):
+            bad = int(np.argwhere(~np.isfinite(self.points).all(axis=1))[0, 0])
+            raise SceneError(f"{where}: non-finite point at index {bad}")
+        if len(self.indices) and (self.indices.min() < 0 or self.indices.max() >= len(self.points)):
+            raise SceneError(
+                f"{where}: face vertex index out of range [0, {len(self.points)}) "
+                f"(min {int(self.indices.min())}, max {int(self.indices.max())})"
+            )
+
+    @staticmethod
+    def concatenate(meshes: list[MeshData], name: str = "") -> MeshData:
+        """Join meshes into one (indices re-based; colours/uvs kept only if every mesh has them)."""
+        if not meshes:
+            return MeshData(np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0), name=name)
+        offs = np.cumsum([0] + [len(m.points) for m in meshes[:-1]])
+        colors = None
+        if all(m.colors is not None for m in meshes):
+            colors = np.concatenate([m.colors for m in meshes])
+        uvs = None
+        if all(m.uvs is not None for m in meshes):
+            uvs = np.concatenate([m.uvs for m in meshes])
+        return MeshData(
+            np.concatenate([m.points for m in meshes]),
+            np.concatenate([m.indices + o for m, o in zip(meshes, offs)]),
+            np.concatenate([m.tri_part for m in meshes]),
+            colors,
+            uvs,
+            name,
+        )
+
+
+@dataclass
+class Instance:
+    """A placed copy of a prototype mesh, possibly moving.
+
+    The transform at time t is interpolated from the key samples (translation lerp, rotation shortest-arc slerp,
+    scale lerp) and clamped outside the key range.
+
+    Attributes:
+        prototype: Index into :attr:`Scene.prototypes`.
+        times: (K,) key times [s], strictly increasing (K >= 1).
+        translations: (K, 3) [m].
+        rotations: (K, 4) unit quaternions (x, y, z, w).
+        scales: (K, 3) per-axis scale.
+        object_id: Stable object id reported in hits.
+        name: Prim path or track id.
+        semantic_class: If > 0, overrides the parts' semantic class for this instance.
+        cuboid: Optional (3,) size [m] of the object's cuboid (tracks / bounding boxes), centred on the local origin.
+    """
+
+    prototype: int
+    times: np.ndarray
+    translations: np.ndarray
+    rotations: np.ndarray
+    scales: np.ndarray | None = None
+    object_id: int = 0
+    name: str = ""
+    semantic_class: int = 0
+    cuboid: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.times = np.atleast_1d(np.asarray(self.times, dtype=np.float64))
+        k = len(self.times)
+        self.translations = np.asarray(self.translations, dtype=np.float64).reshape(k, 3)
+        self.rotations = np.asarray(self.rotations, dtype=np.float64).reshape(k, 4)
+        norms = np.linalg.norm(self.rotations, axis=1, keepdims=True)
+        if not np.all(np.isfinite(self.rotations)) or np.any(norms < 1e-9):
+            raise SceneError(f"instance {self.name!r}: invalid rotation quaternion")
+        self.rotations = self.rotations / norms
+        self.scales = np.ones((k, 3)) if self.scales is None else np.asarray(self.scales, dtype=np.float64).reshape(k, 3)
+        if not (np.all(np.isfinite(self.translations)) and np.all(np.isfinite(self.scales))):
+            raise SceneError(f"instance {self.name!r}: non-finite transform")
+        if k > 1 and np.any(np.diff(self.times) <= 0):
+            raise SceneError(f"instance {self.name!r}: key times must be strictly increasing")
+
+    @property
+    def is_moving(self) -> bool:
+        return len(self.times) > 1
+
+
+@dataclass
+class Trajectory:
+    """Timed poses (child-to-world): times [s], translations (K, 3) [m], rotations (K, 4) quaternions (x, y, z, w)."""
+
+    times: np.ndarray
+    translations: np.ndarray
+    rotations: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.times = np.atleast_1d(np.asarray(self.times, dtype=np.float64))
+        self.translations = np.asarray(self.translations, dtype=np.float64).reshape(-1, 3)
+        self.rotations = np.asarray(self.rotations, dtype=np.float64).reshape(-1, 4)
+
+    def pose_at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """Pose at time ``t`` [s] (lerp + shortest-arc slerp, clamped): (translation (3,), quaternion xyzw (4,))."""
+        from .transforms import interpolate_pose
+
+        return interpolate_pose(self.times, self.translations, self.rotations, t)
+
+
+@dataclass
+class CameraCalibration:
+    """A camera of the scene's rig as stored by the scene (the sensors package turns it into a lens model).
+
+    Attributes:
+        logical_id: Logical sensor name (e.g. ``camera_front_wide_120fov``).
+        model: ``"ftheta"``, ``"opencv_pinhole"`` or ``"opencv_fisheye"``.
+        params: Model parameters with the field names of the sensorsim CameraSpec (e.g. ``principal_point_x``,
+            ``pixeldist_to_angle_poly``, ``focal_length_x``, ``radial_coeffs``, ``max_angle``, ``reference_poly``).
+        resolution: (width, height) native resolution [px].
+        camera_to_rig: (translation (3,), quaternion xyzw (4,)); camera axes x right, y down, z forward.
+        shutter_type: ``GLOBAL``, ``ROLLING_TOP_TO_BOTTOM``, ...
+        unique_id: Calibration key (NuRec ``camera_calibrations`` key).
+    """
+
+    logical_id: str
+    model: str
+    params: dict[str, Any]
+    resolution: tuple[int, int]
+    camera_to_rig: tuple[np.ndarray, np.ndarray]
+    shutter_type: str = "ROLLING_TOP_TO_BOTTOM"
+    unique_id: str = ""
+
+
+@dataclass
+class Scene:
+    """Everything wsim knows about a scene, on the host. Device geometry is built from it by :meth:`device_geometry`.
+
+    Attributes:
+        static: Static triangles in world coordinates.
+        prototypes: Meshes in local coordinates, placed by :attr:`instances` (one BLAS each).
+        instances: Placed (possibly moving) copies of prototypes.
+        materials: Material table (index 0 is the default material).
+        parts: Part table referenced by every mesh's ``tri_part``.
+        semantic_classes: Class names; index 0 is ``"unlabeled"``.
+        scene_id: Identifier (NuRec metadata scene_id, or the file stem).
+        source: File the scene was loaded from ("" for in-memory scenes).
+        ego_trajectory: Rig-to-world trajectory, if the scene has one.
+        cameras: Camera calibrations of the rig, by logical id.
+        time_range: (start, end) [s] of the scene's recorded time.
+        time_origin_us: Absolute time [us] of scene time 0 (NuRec timestamps); 0 for USD.
+        lidar_prims: Prim paths of lidar prims found on a USD stage.
+        camera_prims: Prim paths of USD Camera prims.
+        metadata: Free-form loader metadata (e.g. NuRec metadata.yaml contents).
+        skipped: Messages about prims that were skipped while loading.
+    """
+
+    static: MeshData
+    prototypes: list[MeshData] = field(default_factory=list)
+    instances: list[Instance] = field(default_factory=list)
+    materials: list[Material] = field(default_factory=lambda: [Material("default")])
+    parts: list[Part] = field(default_factory=lambda: [Part("default")])
+    semantic_classes: list[str] = field(default_factory=lambda: ["unlabeled"])
+    scene_id: str = ""
+    source: str = ""
+    ego_trajectory: Trajectory | None = None
+    cameras: dict[str, CameraCalibration] = field(default_factory=dict)
+    time_range: tuple[float, float] = (0.0, 0.0)
+    time_origin_us: int = 0
+    lidar_prims: list[str] = field(default_factory=list)
+    camera_prims: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    _device_cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_triangles(self) -> int:
+        """Triangles in the scene, counting each instance's prototype once per instance."""
+        return self.static.num_triangles + sum(self.prototypes[i.prototype].num_triangles for i in self.instances)
+
+    def semantic_class_index(self, name: str) -> int:
+        """Index of a semantic class, appending it to the table if new ("" → 0, unlabeled)."""
+        if not name:
+            return 0
+        if name not in self.semantic_classes:
+            self.semantic_classes.append(name)
+        return self.semantic_classes.index(name)
+
+    def add_material(self, material: Material) -> int:
+        """Append a material (or return the index of one with the same name)."""
+        for i, m in enumerate(self.materials):
+            if m.name == material.name:
+                return i
+        self.materials.append(material)
+        return len(self.materials) - 1
+
+    def add_part(self, part: Part) -> int:
+        self.parts.append(part)
+        return len(self.parts) - 1
+
+    def validate(self) -> None:
+        """Check every mesh and table reference; raise :class:`SceneError` naming the offending mesh."""
+        src = self.source or "<scene>"
+        self.static.validate(f"{src}: static geometry")
+        for p in self.prototypes:
+            p.validate(f"{src}: {p.name or 'prototype'}")
+        for m in [self.static, *self.prototypes]:
+            if len(m.tri_part) and (m.tri_part.min() < 0 or m.tri_part.max() >= len(self.parts)):
+                raise SceneError(f"{src}: {m.name or 'mesh'} references an unknown part")
+        for p in self.parts:
+            if not 0 <= p.material < len(self.materials):
+                raise SceneError(f"{src}: part {p.name} references unknown material {p.material}")
+            if not 0 <= p.semantic_class < len(self.semantic_classes):
+                raise SceneError(f"{src}: part {p.name} references unknown semantic class {p.semantic_class}")
+        for inst in self.instances:
+            if not 0 <= inst.prototype < len(self.prototypes):
+                raise SceneError(f"{src}: instance {inst.name} references unknown prototype {inst.prototype}")
+        if self.num_triangles == 0:
+            raise SceneError(f"{src}: the scene has no geometry")
+
+    def device_geometry(self, device: str | None = None):
+        """The device-side geometry (static wp.Mesh, prototype BLASes, instance table, TLAS), built once per device."""
+        from .geometry import SceneGeometry
+
+        import warp as wp
+
+        key = str(wp.get_device(device))
+        if key not in self._device_cache:
+            self._device_cache[key] = SceneGeometry(self, device=key)
+        return self._device_cache[key]
