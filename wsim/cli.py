@@ -27,6 +27,7 @@ def _summary(scene) -> list[str]:
 
 
 def demo(args: argparse.Namespace) -> int:
+    import warp as wp
     from PIL import Image
     from tqdm import tqdm
 
@@ -34,6 +35,7 @@ def demo(args: argparse.Namespace) -> int:
     from wsim.scene.transforms import quat_to_matrix
     from wsim.sensors.panorama import render_panorama
 
+    wp.config.quiet = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = tqdm(total=3, desc="wsim demo", unit="step", disable=args.quiet)

@@ -213,3 +213,57 @@ def trace_all_kernel(
     for k in range(n, max_hits):
         hits[i, k] = miss()
     counts[i] = n
+
+
+@wp.func
+def instance_transform(geo: SceneGeo, inst: int, time: float):
+    """(translation, rotation, scale) of instance ``inst`` at ``time`` [s]."""
+    return sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[inst],
+                       geo.inst_key_count[inst], time)
+
+
+@wp.func
+def hit_triangle(geo: SceneGeo, hit: Hit) -> wp.mat33:
+    """World-space vertices (rows) of the hit triangle at the hit's time."""
+    mesh_id = geo.static_mesh
+    if hit.instance >= 0:
+        mesh_id = geo.inst_mesh[hit.instance]
+    m = wp.mesh_get(mesh_id)
+    a = m.points[m.indices[hit.face * 3 + 0]]
+    b = m.points[m.indices[hit.face * 3 + 1]]
+    c = m.points[m.indices[hit.face * 3 + 2]]
+    if hit.instance >= 0:
+        xf = instance_transform(geo, hit.instance, hit.time)
+        a = xf.pos + wp.quat_rotate(xf.rot, wp.cw_mul(a, xf.scale))
+        b = xf.pos + wp.quat_rotate(xf.rot, wp.cw_mul(b, xf.scale))
+        c = xf.pos + wp.quat_rotate(xf.rot, wp.cw_mul(c, xf.scale))
+    return wp.mat33(a, b, c)
+
+
+@wp.func
+def hit_distance(geo: SceneGeo, hit: Hit, origin: wp.vec3, direction: wp.vec3) -> float:
+    """Distance [m] along ``direction`` to the hit face's plane, recomputed from its vertices.
+
+    Differentiable w.r.t. the ray and the mesh points (the BVH query only picks the face).
+    """
+    tri = hit_triangle(geo, hit)
+    n = wp.cross(tri[1] - tri[0], tri[2] - tri[0])
+    den = wp.dot(n, direction)
+    if wp.abs(den) < 1.0e-20:
+        return hit.t
+    return wp.dot(n, tri[0] - origin) / den
+
+
+@wp.func
+def point_velocity(geo: SceneGeo, hit: Hit) -> wp.vec3:
+    """World velocity [m/s] of the surface point hit (0 for static geometry), by central difference (±1 ms)."""
+    if hit.instance < 0:
+        return wp.vec3(0.0, 0.0, 0.0)
+    h = 1.0e-3
+    xf = instance_transform(geo, hit.instance, hit.time)
+    local = wp.cw_div(wp.quat_rotate_inv(xf.rot, hit.point - xf.pos), xf.scale)
+    a = instance_transform(geo, hit.instance, hit.time - h)
+    b = instance_transform(geo, hit.instance, hit.time + h)
+    pa = a.pos + wp.quat_rotate(a.rot, wp.cw_mul(local, a.scale))
+    pb = b.pos + wp.quat_rotate(b.rot, wp.cw_mul(local, b.scale))
+    return (pb - pa) / (2.0 * h)
