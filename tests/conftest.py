@@ -39,3 +39,37 @@ def quad_mesh(center, u, v) -> tuple[np.ndarray, np.ndarray]:
     c, u, v = (np.asarray(a, float) for a in (center, u, v))
     p = np.array([c - u - v, c + u - v, c + u + v, c - u + v])
     return p, np.array([[0, 1, 2], [0, 2, 3]])
+
+
+def box_room_scene(lo, hi, *, base: str = "calibration_lambertian", coating: str = "none", attributes=(),
+                   reflectance: float | None = None, semantic: str = "wall"):
+    """A closed room (inward-facing box) with one material: every ray from inside hits a wall."""
+    from wsim.scene import Material, MeshData, Part, Scene
+
+    p, f = box_mesh(lo, hi, inward=True)
+    s = Scene(MeshData(p, f, 1), source="box_room")
+    s.materials.append(Material.from_labels("wall", base, coating, attributes, reflectance=reflectance))
+    s.parts.append(Part("/World/Room", material=1, semantic_class=s.semantic_class_index(semantic), object_id=1))
+    return s
+
+
+def add_static(scene, points, faces, *, name: str, base: str = "calibration_lambertian", coating: str = "none",
+               attributes=(), reflectance: float | None = None, transmittance: float | None = None,
+               semantic: str = "") -> int:
+    """Append a static mesh with its own material, part and object id; returns the part index."""
+    from wsim.scene import Material, MeshData, Part
+
+    mat = scene.add_material(Material.from_labels(name, base, coating, attributes, reflectance=reflectance,
+                                                  transmittance=transmittance))
+    oid = max([p.object_id for p in scene.parts] + [i.object_id for i in scene.instances] + [0]) + 1
+    part = scene.add_part(Part(f"/World/{name}", material=mat, semantic_class=scene.semantic_class_index(semantic),
+                               object_id=oid))
+    scene.static = MeshData.concatenate([scene.static, MeshData(points, faces, part)])
+    scene._device_cache.clear()
+    return part
+
+
+def empty_scene():
+    from wsim.scene import MeshData, Scene
+
+    return Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0), source="test")

@@ -93,3 +93,19 @@ def sample_trajectory(times: wp.array[float], poses: wp.array[wp.transform], t: 
         return poses[i]
     s = (t - times[i]) / (times[i + 1] - times[i])
     return lerp_pose(poses[i], poses[i + 1], s)
+
+
+@wp.func
+def difference_window(t_first: float, t_last: float, t: float, h: float) -> wp.vec2:
+    """Times (t−h, t+h) for a central difference, shifted to stay inside [t_first, t_last] when t is inside it
+    (so velocities at the first and last keys are one-sided rather than halved by the clamp)."""
+    ta = t - h
+    tb = t + h
+    if t >= t_first and t <= t_last and t_last - t_first >= 2.0 * h:
+        if ta < t_first:
+            ta = t_first
+            tb = t_first + 2.0 * h
+        if tb > t_last:
+            tb = t_last
+            ta = t_last - 2.0 * h
+    return wp.vec2(ta, tb)

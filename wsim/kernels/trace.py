@@ -6,7 +6,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 
 import warp as wp
 
-from .pose import sample_keys
+from .pose import difference_window, sample_keys
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -237,7 +237,7 @@ def hit_triangle(geo: SceneGeo, hit: Hit) -> wp.mat33:
         a = xf.pos + wp.quat_rotate(xf.rot, wp.cw_mul(a, xf.scale))
         b = xf.pos + wp.quat_rotate(xf.rot, wp.cw_mul(b, xf.scale))
         c = xf.pos + wp.quat_rotate(xf.rot, wp.cw_mul(c, xf.scale))
-    return wp.mat33(a, b, c)
+    return wp.matrix_from_rows(a, b, c)
 
 
 @wp.func
@@ -259,11 +259,13 @@ def point_velocity(geo: SceneGeo, hit: Hit) -> wp.vec3:
     """World velocity [m/s] of the surface point hit (0 for static geometry), by central difference (±1 ms)."""
     if hit.instance < 0:
         return wp.vec3(0.0, 0.0, 0.0)
-    h = 1.0e-3
     xf = instance_transform(geo, hit.instance, hit.time)
     local = wp.cw_div(wp.quat_rotate_inv(xf.rot, hit.point - xf.pos), xf.scale)
-    a = instance_transform(geo, hit.instance, hit.time - h)
-    b = instance_transform(geo, hit.instance, hit.time + h)
+    k0 = geo.inst_key_start[hit.instance]
+    k1 = k0 + geo.inst_key_count[hit.instance] - 1
+    w = difference_window(geo.key_time[k0], geo.key_time[k1], hit.time, 1.0e-3)
+    a = instance_transform(geo, hit.instance, w[0])
+    b = instance_transform(geo, hit.instance, w[1])
     pa = a.pos + wp.quat_rotate(a.rot, wp.cw_mul(local, a.scale))
     pb = b.pos + wp.quat_rotate(b.rot, wp.cw_mul(local, b.scale))
-    return (pb - pa) / (2.0 * h)
+    return (pb - pa) / (w[1] - w[0])

@@ -1,0 +1,457 @@
+"""wsim.Lidar on analytic scenes and device tables: every expected value is computed independently."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import add_static, box_mesh, box_room_scene, empty_scene, quad_mesh
+
+from wsim.scene import Instance, Material, MeshData, Part, Trajectory
+from wsim.scene.transforms import quat_from_axis_angle
+from wsim.sensors.lidar import Lidar
+from wsim.sensors.lidar_config import EmitterState, LidarConfig, LidarConfigError, RayType, ScanType
+from wsim.sensors.pointcloud import FLAG_NEW_SCAN, FLAG_VALID
+from wsim.sensors.presets import PRESET_USD, at128, pandar128_tables
+
+ROOM_LO, ROOM_HI = np.array([-30.0, -20.0, -5.0]), np.array([40.0, 25.0, 8.0])
+STATIC = Trajectory([0.0], [[0, 0, 0]], [[0, 0, 0, 1]])
+
+
+def room_distance(origin, dirs, lo=ROOM_LO, hi=ROOM_HI):
+    with np.errstate(divide="ignore"):
+        t = np.where(dirs > 0, (hi - origin) / dirs, (lo - origin) / dirs)
+    return t.min(axis=1)
+
+
+def solid_state(az_deg, el_deg, fire_ns=None, **kw) -> LidarConfig:
+    """A solid-state lidar with one emitter state (one emitter per listed angle)."""
+    az = np.asarray(az_deg, np.float32)
+    n = len(az)
+    st = EmitterState(az, np.broadcast_to(np.asarray(el_deg, np.float32), (n,)).copy(),
+                      np.zeros(n, np.int64) if fire_ns is None else np.asarray(fire_ns, np.int64),
+                      np.arange(1, n + 1, dtype=np.uint32), np.zeros(n, np.float32), np.zeros(n, np.float32),
+                      np.zeros(n, np.float32))
+    kw.setdefault("elements_coords_type", "CARTESIAN")
+    from wsim.sensors.lidar_config import CoordsType
+
+    kw["elements_coords_type"] = CoordsType(kw["elements_coords_type"])
+    cfg = LidarConfig(scan_type=ScanType.SOLID_STATE, scan_rate_base_hz=10.0, pattern_firing_rate_hz=10.0,
+                      number_of_emitters=n, number_of_channels=n, emitter_states=[st], **kw)
+    cfg.validate()
+    return cfg
+
+
+def rotary(n_el=4, ticks=360, **kw) -> LidarConfig:
+    el = np.linspace(-10, 10, n_el).astype(np.float32)
+    st = EmitterState(np.zeros(n_el, np.float32), el, np.arange(n_el, dtype=np.int64) * 1000,
+                      np.arange(1, n_el + 1, dtype=np.uint32), np.zeros(n_el, np.float32),
+                      np.zeros(n_el, np.float32), np.zeros(n_el, np.float32))
+    from wsim.sensors.lidar_config import CoordsType
+
+    kw["elements_coords_type"] = CoordsType(kw.get("elements_coords_type", "CARTESIAN"))
+    cfg = LidarConfig(scan_type=ScanType.ROTARY, scan_rate_base_hz=10.0, pattern_firing_rate_hz=10.0 * ticks,
+                      number_of_emitters=n_el, number_of_channels=n_el, emitter_states=[st], **kw)
+    cfg.validate()
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------------- presets
+def test_pandar128_preset_matches_device_table_and_timing(device):
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    lid = Lidar.preset("PANDAR128", scene=scene, trajectory=STATIC, device=device,
+                       elements_coords_type=__import__("wsim").sensors.lidar_config.CoordsType.SPHERICAL)
+    assert lid.render(0.0, 0.05).count == 0  # scan not complete yet
+    pc = lid.render(0.05, 0.1)
+    n = pc.numpy()
+    el, az, fire = pandar128_tables()
+    assert pc.count == 128 * 1800 and np.all(pc.valid)
+    e, tick, state = n["EmitterId"], n["TickId"].astype(np.int64), n["TickState"]
+    assert np.array_equal(np.bincount(e, minlength=128), np.full(128, 1800))
+    assert np.array_equal(n["ChannelId"], e + 1)
+    assert np.array_equal(state, tick % 2)  # two angle states alternate every tick
+    # TimeOffsetNs = tick time + fire time of the emitter in the tick's state
+    assert np.array_equal(n["TimeOffsetNs"], np.round(tick * 1e9 / 18000).astype(np.int64) + fire[state, e])
+    # elevation per channel; delivered azimuth = offset − firing angle (CW)
+    np.testing.assert_allclose(n["Coordinates"][1], el[e], atol=1e-4)
+    phi = 360.0 * n["TimeOffsetNs"] * 1e-9 / 0.1
+    d_az = (n["Coordinates"][0] - (az[e] - phi) + 180.0) % 360.0 - 180.0
+    assert np.abs(d_az).max() < 1e-3
+    assert pc.params["maxPoints"] == pc.count and pc.params["coordsType"] == 1
+    # first tick carries NEW_SCAN
+    assert np.all((n["Flags"][tick == 0] & FLAG_NEW_SCAN) != 0) and np.all((n["Flags"][tick > 0] & FLAG_NEW_SCAN) == 0)
+
+
+def test_at128_preset_field_of_view():
+    cfg = at128()
+    assert cfg.number_of_channels == 128 and cfg.number_of_emitters == 128 * 1200
+    az = cfg.emitter_states[0].azimuth_deg
+    el = cfg.emitter_states[0].elevation_deg
+    assert 119.0 < az.max() - az.min() < 126.0 and abs(el.max() - el.min() - 25.4) < 1e-3
+    assert cfg.emitter_states[0].fire_time_ns.max() < 100_000_000
+
+
+def test_preset_usd_files_reference_into_a_stage(tmp_path):
+    from pxr import Usd, UsdGeom
+
+    st = Usd.Stage.CreateNew(str(tmp_path / "car.usda"))
+    UsdGeom.SetStageUpAxis(st, UsdGeom.Tokens.z)
+    UsdGeom.SetStageMetersPerUnit(st, 1.0)
+    rig = UsdGeom.Xform.Define(st, "/World/Rig")
+    rig.AddTranslateOp().Set((5.0, 1.0, 0.0))
+    prim = st.DefinePrim("/World/Rig/Lidar")
+    prim.GetReferences().AddReference(str(PRESET_USD["PANDAR128"]))
+    st.Save()
+    lid = Lidar(prim, scene=box_room_scene(ROOM_LO, ROOM_HI))
+    assert lid.config.number_of_emitters == 128 and lid.config.ticks_per_scan == 1800
+    np.testing.assert_allclose(lid.trajectory.translations[0], [5, 1, 0])
+
+
+# --------------------------------------------------------------------------------------------------- geometry
+@pytest.mark.parametrize("coords", ["CARTESIAN", "SPHERICAL"])
+def test_box_room_ranges_are_analytic(device, coords):
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    pos = np.array([1.5, -2.0, 0.7])
+    lid = Lidar(config=rotary(n_el=16, ticks=720, elements_coords_type=coords), scene=scene, device=device,
+                trajectory=Trajectory([0.0], [pos], [quat_from_axis_angle([0, 0, 1], 0.3)]))
+    pc = lid.render(0.0, 0.1)
+    assert pc.count == 16 * 720
+    xyz = pc.xyz()
+    r = np.linalg.norm(xyz, axis=1)
+    dirs_world = xyz @ np.array([[np.cos(0.3), -np.sin(0.3), 0], [np.sin(0.3), np.cos(0.3), 0], [0, 0, 1]]).T / r[:,
+                                                                                                             None]
+    np.testing.assert_allclose(r, room_distance(pos, dirs_world), atol=1e-3)
+    if coords == "SPHERICAL":
+        c = pc["Coordinates"].numpy()
+        np.testing.assert_allclose(c[2], r, rtol=1e-6)
+
+
+def test_moving_sensor_compensation_and_world_frame(device):
+    scene = box_room_scene([-100, -100, -10], [50, 100, 10])
+    v = 20.0
+    traj = Trajectory([0.0, 1.0], [[0, 0, 0], [v, 0, 0]], [[0, 0, 0, 1]] * 2)
+    cfg = rotary(n_el=1, ticks=3600)
+    out = {}
+    for name, kw in {"noncomp": {}, "comp": {"output_motion_compensation_state": "COMPENSATED"},
+                     "world": {"output_frame_of_reference": "WORLD"}}.items():
+        from wsim.sensors import lidar_config as lc
+
+        changes = {k: (lc.MotionCompensation(v_) if "compensation" in k else lc.FrameOfReference(v_))
+                   for k, v_ in kw.items()}
+        lid = Lidar(config=cfg, scene=scene, trajectory=traj, device=device).with_config(**changes)
+        out[name] = lid.render(0.0, 0.1)
+    t = out["noncomp"]["TimeOffsetNs"].numpy() * 1e-9
+    x_nc = out["noncomp"].xyz()
+    wall = np.abs(np.degrees(np.arctan2(x_nc[:, 1], x_nc[:, 0]))) < 20
+    assert wall.sum() > 300
+    # NONCOMPENSATED: the wall x=50 appears at 50 − v·t: smeared by v·T = 2 m over the scan
+    np.testing.assert_allclose(x_nc[wall, 0], 50.0 - v * t[wall], atol=2e-3)
+    assert x_nc[wall, 0].max() - x_nc[wall, 0].min() > 1.9
+    # COMPENSATED (reference = scan start, where the sensor is at x=0): every point on x=50
+    x_c = out["comp"].xyz()
+    np.testing.assert_allclose(x_c[wall, 0], 50.0, atol=2e-3)
+    # WORLD: the true wall positions
+    x_w = out["world"].xyz()
+    np.testing.assert_allclose(x_w[wall, 0], 50.0, atol=2e-3)
+    np.testing.assert_allclose(x_w, x_nc + np.column_stack([v * t, 0 * t, 0 * t]), atol=2e-3)
+    # static walls seen from a sensor moving at +20 m/s move at −20 m/s relative to it
+    np.testing.assert_allclose(out["noncomp"]["Velocity"].numpy(), np.tile([-v, 0, 0], (len(t), 1)), atol=1e-2)
+    # end-of-spin reference: the wall at 50 − 2 = 48
+    lid = Lidar(config=cfg, scene=scene, trajectory=traj, device=device).with_config(
+        output_motion_compensation_state=__import__("wsim").sensors.lidar_config.MotionCompensation.COMPENSATED)
+    x_e = lid.render(0.0, 0.1, compensation_reference="end").xyz()
+    np.testing.assert_allclose(x_e[wall, 0], 48.0, atol=2e-3)
+
+
+def test_velocity_of_moving_car_and_normals_of_known_planes(device):
+    scene = box_room_scene([-100, -100, -10], [100, 100, 10])
+    bp, bf = box_mesh([-2, -1, -1], [2, 1, 1])
+    scene.parts.append(Part("/World/Car/body", material=1, semantic_class=scene.semantic_class_index("car")))
+    scene.prototypes.append(MeshData(bp, bf, len(scene.parts) - 1))
+    speed = 7.5
+    scene.instances.append(Instance(0, [0.0, 2.0], [[20, 3, 0], [20, 3 + 2 * speed, 0]], [[0, 0, 0, 1]] * 2,
+                                    object_id=9, name="/World/Car"))
+    # sensor yawed by 90° (x forward = world +y): the car ahead-right moves toward +x_sensor
+    yaw = quat_from_axis_angle([0, 0, 1], np.pi / 2)
+    lid = Lidar(config=solid_state(np.linspace(-89, -60, 30), 0.0), scene=scene, device=device,
+                trajectory=Trajectory([0.0], [[0, 0, 0]], [yaw]))
+    pc = lid.render(0.0, 0.1)
+    n = pc.numpy()
+    on_car = n["SemanticId"] == scene.semantic_class_index("car")
+    assert on_car.sum() >= 3 and (~on_car).sum() >= 3
+    # car velocity world +y = sensor +x
+    np.testing.assert_allclose(n["Velocity"][on_car], np.tile([speed, 0, 0], (on_car.sum(), 1)), atol=1e-2)
+    np.testing.assert_allclose(n["Velocity"][~on_car], 0.0, atol=1e-3)
+    # HitNormal in sensor axes: the car face x=18 (world −x normal) → sensor +y; room wall x=100 → sensor +y too
+    # (a grazing ray may hit the car's side y = y_c − 1, world −y → sensor −x)
+    nc = n["HitNormal"][on_car]
+    front = np.abs(nc - [0, 1, 0]).max(axis=1) < 1e-5
+    side = np.abs(nc - [-1, 0, 0]).max(axis=1) < 1e-5
+    assert np.all(front | side) and front.sum() > side.sum()
+    np.testing.assert_allclose(pc.xyz()[on_car][front, 1], -18.0, atol=1e-3)  # the x=18 face is 18 m to the right
+    np.testing.assert_allclose(n["HitNormal"][~on_car], np.tile([0, 1, 0], ((~on_car).sum(), 1)), atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------- echoes
+def _edge_scene(gap: float, rho_near=0.1, rho_far=0.9):
+    s = empty_scene()
+    p, f = quad_mesh([10.0, 2.5, 0], [0, 2.5, 0], [0, 0, 3])  # near box face, x=10, y in [0, 5] (edge at y=0)
+    add_static(s, p, f, name="near", reflectance=rho_near)
+    p, f = quad_mesh([10.0 + gap, 0, 0], [0, 10, 0], [0, 0, 10])  # far wall
+    add_static(s, p, f, name="far", reflectance=rho_far)
+    return s
+
+
+@pytest.mark.parametrize("ray_type", ["GAUSSIAN_BEAM", "UNIFORM_BEAM"])
+def test_beam_on_edge_two_echoes_or_one_merged(device, ray_type):
+    cfg = solid_state([0.0], 0.0, ray_type=RayType(ray_type), max_returns=2, divergence_hor_deg=2.0,
+                      divergence_ver_deg=2.0, min_dist_between_echos_m=0.4)
+    far = Lidar(config=cfg, scene=_edge_scene(2.0), trajectory=STATIC, device=device).render(0.0, 0.1).numpy()
+    assert far["Counts"][0] == 2
+    r = np.linalg.norm(far["Coordinates"], axis=0)
+    # strongest first: the bright far wall (ρ 0.9 at 12 m) beats the dark near edge (ρ 0.1 at 10 m)
+    assert list(far["EchoId"]) == [0, 1]
+    assert abs(r[0] - 12.0) < 0.05 and abs(r[1] - 10.0) < 0.05
+    assert far["Intensity"][0] > far["Intensity"][1]
+    # with the wall 0.2 m behind the edge the two surfaces merge into one echo between them
+    near = Lidar(config=cfg, scene=_edge_scene(0.2), trajectory=STATIC, device=device).render(0.0, 0.1).numpy()
+    assert near["Counts"][0] == 1
+    rm = np.linalg.norm(near["Coordinates"], axis=0)[0]
+    assert 10.02 < rm < 10.2
+
+
+def test_nearest_is_echo0_when_stronger(device):
+    cfg = solid_state([0.0], 0.0, ray_type=RayType.GAUSSIAN_BEAM, max_returns=2, divergence_hor_deg=2.0,
+                      divergence_ver_deg=2.0)
+    n = Lidar(config=cfg, scene=_edge_scene(2.0, rho_near=0.9, rho_far=0.1), trajectory=STATIC,
+              device=device).render(0.0, 0.1).numpy()
+    r = np.linalg.norm(n["Coordinates"], axis=0)
+    assert n["Counts"][0] == 2 and abs(r[0] - 10.0) < 0.05 and abs(r[1] - 12.0) < 0.05
+
+
+def test_glass_pane_gives_second_idealized_return(device):
+    s = empty_scene()
+    p, f = quad_mesh([5.0, 0, 0], [0, 3, 0], [0, 0, 3])
+    add_static(s, p, f, name="glass", base="clear_glass", attributes=["visually_transparent"])
+    p, f = quad_mesh([10.0, 0, 0], [0, 10, 0], [0, 0, 10])
+    add_static(s, p, f, name="wall", base="concrete")
+    cfg = solid_state([0.0, 5.0], 0.0, max_returns=3)
+    n = Lidar(config=cfg, scene=s, trajectory=STATIC, device=device).render(0.0, 0.1).numpy()
+    r = np.linalg.norm(n["Coordinates"], axis=0)
+    assert n["Counts"][0] == 4
+    np.testing.assert_allclose(r[n["EmitterId"] == 0], [5.0, 10.0], atol=1e-3)
+    assert list(n["EchoId"][n["EmitterId"] == 0]) == [0, 1]
+    from wsim.scene.materials import encode_material_id
+
+    assert n["MaterialId"][0] == encode_material_id("clear_glass", "none", ["visually_transparent"])
+    # an opaque wall ends the ray: no third echo
+    cfg1 = solid_state([0.0], 0.0, max_returns=1)
+    assert Lidar(config=cfg1, scene=s, trajectory=STATIC).render(0.0, 0.1).count == 1
+
+
+# --------------------------------------------------------------------------------------------------- intensity
+def _plane_scene(d=10.0, rho=0.5):
+    s = empty_scene()
+    p, f = quad_mesh([d, 0, 0], [0, 100, 0], [0, 0, 100])
+    add_static(s, p, f, name="target", reflectance=rho)
+    return s
+
+
+def test_intensity_processing_on_lambertian_plane(device):
+    from wsim.sensors.lidar_config import IntensityProcessing as IP
+
+    angles = np.array([0.0, 20.0, 40.0, 60.0])
+    rho = 0.5
+    res = {}
+    for mode in IP:
+        cfg = solid_state(angles, 0.0, intensity_processing=mode)
+        res[mode] = Lidar(config=cfg, scene=_plane_scene(rho=rho), trajectory=STATIC,
+                          device=device).render(0.0, 0.1).numpy()
+    cos = np.cos(np.deg2rad(angles))
+    r = 10.0 / cos
+    np.testing.assert_allclose(res[IP.NORMALIZATION]["Intensity"], rho * cos, rtol=1e-4)
+    np.testing.assert_allclose(res[IP.RAW]["Intensity"], rho * cos / r**2, rtol=1e-4)
+    np.testing.assert_allclose(res[IP.CORRECTION]["Intensity"], rho, rtol=1e-4)
+    # RAW falls as 1/r² with distance at normal incidence
+    raw = [Lidar(config=solid_state([0.0], 0.0, intensity_processing=IP.RAW), scene=_plane_scene(d, rho),
+                 trajectory=STATIC).render(0.0, 0.1).numpy()["Intensity"][0] for d in (5.0, 10.0, 20.0)]
+    np.testing.assert_allclose(np.array(raw) * np.array([25.0, 100.0, 400.0]), rho, rtol=1e-4)
+
+
+def test_dark_target_beyond_detection_range_is_dropped(device):
+    cfg = solid_state([0.0], 0.0, min_reflectance=0.1, min_reflection_range_m=100.0)
+    assert Lidar(config=cfg, scene=_plane_scene(150.0, rho=0.05), trajectory=STATIC,
+                 device=device).render(0.0, 0.1).count == 0
+    # a bright target at the same distance is detected (0.9/150² > 0.1/100²)
+    assert Lidar(config=cfg, scene=_plane_scene(150.0, rho=0.9), trajectory=STATIC).render(0.0, 0.1).count == 1
+    cfg.include_invalid_points = True
+    pc = Lidar(config=cfg, scene=_plane_scene(150.0, rho=0.05), trajectory=STATIC).render(0.0, 0.1)
+    assert pc.count == 1 and not pc.valid[0] and pc.params["compactionType"] == 1
+    assert pc["EmitterId"].numpy()[0] == 0
+
+
+# --------------------------------------------------------------------------------------------------- scans
+def _sorted(n):
+    order = np.lexsort((n["EchoId"], n["EmitterId"], n["TimeOffsetNs"]))
+    return {k: v[order] if k != "Coordinates" else v[:, order] for k, v in n.items() if k != "Counts"}
+
+
+def test_partial_outputs_slices_add_up_to_the_scan(device):
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    traj = Trajectory([0.0, 1.0], [[0, 0, 0], [3, 1, 0]], [[0, 0, 0, 1]] * 2)
+    whole_lidar = Lidar(config=rotary(n_el=4, ticks=100, output_frame_of_reference=__import__(
+        "wsim").sensors.lidar_config.FrameOfReference.WORLD), scene=scene, trajectory=traj, device=device)
+    counts = [whole_lidar.render(a, a + 0.03).count for a in (0.0, 0.03, 0.06)]
+    assert counts == [0, 0, 0]
+    whole = whole_lidar.render(0.09, 0.12)
+    assert whole.count == 400 and whole.params["timestampNs"] == 0
+    assert whole_lidar.frame_id == 4
+    part_lidar = whole_lidar.with_config(partial_outputs=True)
+    slices = [part_lidar.render(a, a + 0.025) for a in (0.0, 0.025, 0.05, 0.075)]
+    assert all(s.count > 0 for s in slices) and sum(s.count for s in slices) == 400
+    # same points: WORLD coordinates do not depend on the frame's timestamp
+    cat = {k: np.concatenate([s.numpy()[k] for s in slices], axis=-1 if k == "Coordinates" else 0)
+           for k in ("Coordinates", "EmitterId", "TickId", "EchoId")}
+    a = np.lexsort((cat["EmitterId"], cat["TickId"]))
+    w = whole.numpy()
+    b = np.lexsort((w["EmitterId"], w["TickId"]))
+    np.testing.assert_array_equal(cat["TickId"][a], w["TickId"][b])
+    np.testing.assert_allclose(cat["Coordinates"][:, a], w["Coordinates"][:, b], atol=1e-5)
+    # a slice's offsets are relative to its own start
+    assert slices[1].params["timestampNs"] == 25_000_000 and slices[1]["TimeOffsetNs"].numpy().min() >= 0
+
+
+def test_instant_lidar_offsets_are_zero(device):
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    lid = Lidar(config=rotary(n_el=4, ticks=100, instant_lidar=True, partial_outputs=True), scene=scene,
+                trajectory=STATIC, device=device)
+    pc = lid.render(0.02, 0.05)
+    assert pc.count == 400 and np.all(pc["TimeOffsetNs"].numpy() == 0)
+    assert pc.params["timestampNs"] == 20_000_000 and pc.params["frameEndTimeStampNs"] == 50_000_000
+
+
+# --------------------------------------------------------------------------------------------------- ids
+def test_material_id_and_stable_object_id(device):
+    def render():
+        scene = box_room_scene(ROOM_LO, ROOM_HI, base="steel", coating="paint", attributes=["retroreflective"])
+        return Lidar(config=rotary(n_el=2, ticks=50), scene=scene, trajectory=STATIC,
+                     device=device).render(0.0, 0.1).numpy()
+
+    a, b = render(), render()
+    assert np.all(a["MaterialId"] == 4354)
+    assert np.array_equal(a["ObjectId"], b["ObjectId"])
+    assert np.all(a["ObjectId"][:, :3] != 0) and np.all(a["ObjectId"][:, 3] == 0)
+    assert len(np.unique(a["ObjectId"], axis=0)) == 1
+
+
+def test_renders_are_bit_identical_with_seeded_noise(device):
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    cfg = rotary(n_el=8, ticks=400, ray_type=RayType.GAUSSIAN_BEAM, max_returns=2, range_accuracy_m=0.02,
+                 azimuth_error_std=0.05, elevation_error_std=0.05, seed=7)
+    a = Lidar(config=cfg, scene=scene, trajectory=STATIC, device=device).render(0.0, 0.1).numpy()
+    b = Lidar(config=cfg, scene=scene, trajectory=STATIC, device=device).render(0.0, 0.1).numpy()
+    for k in a:
+        assert np.array_equal(a[k], b[k]), k
+    # the noise is real: ranges scatter around the analytic distance by about σ
+    r = np.linalg.norm(a["Coordinates"], axis=0)
+    assert 0.01 < np.std(r - np.linalg.norm(Lidar(config=rotary(n_el=8, ticks=400), scene=scene,
+                                                   trajectory=STATIC).render(0.0, 0.1).xyz(), axis=1)) < 0.05
+
+
+# --------------------------------------------------------------------------------------------------- USD prims
+def _lidar_stage(path, **attrs):
+    from pxr import Sdf, Usd, UsdGeom
+
+    st = Usd.Stage.CreateNew(str(path))
+    UsdGeom.SetStageUpAxis(st, UsdGeom.Tokens.z)
+    UsdGeom.SetStageMetersPerUnit(st, 1.0)
+    st.SetTimeCodesPerSecond(10)
+    xf = UsdGeom.Xform.Define(st, "/World/Lidar")
+    op = xf.AddTranslateOp()
+    op.Set((0.0, 0.0, 0.0), 0)
+    op.Set((2.0, 0.0, 0.0), 10)
+    prim = xf.GetPrim()
+    base = {
+        "omni:sensor:Core:scanType": ("SOLID_STATE", Sdf.ValueTypeNames.Token),
+        "omni:sensor:Core:scanRateBaseHz": (10.0, Sdf.ValueTypeNames.Float),
+        "omni:sensor:Core:numberOfEmitters": (3, Sdf.ValueTypeNames.UInt),
+        "omni:sensor:Core:numberOfChannels": (3, Sdf.ValueTypeNames.UInt),
+        "omni:sensor:Core:elementsCoordsType": ("CARTESIAN", Sdf.ValueTypeNames.Token),
+        "omni:sensor:Core:emitterState:s001:azimuthDeg": ([0.0, 10.0, -10.0], Sdf.ValueTypeNames.FloatArray),
+        "omni:sensor:Core:emitterState:s001:elevationDeg": ([0.0, 0.0, 0.0], Sdf.ValueTypeNames.FloatArray),
+        "omni:sensor:Core:emitterState:s001:fireTimeNs": ([0, 1000, 2000], Sdf.ValueTypeNames.IntArray),
+    }
+    base.update(attrs)
+    for k, (v, t) in base.items():
+        prim.CreateAttribute(k, t).Set(v)
+    rp = st.DefinePrim("/Render/Products/LidarProduct", "RenderProduct")
+    rp.CreateRelationship("camera").SetTargets(["/World/Lidar"])
+    rp.CreateRelationship("orderedVars").SetTargets(["/Render/Vars/PointCloud"])
+    var = st.DefinePrim("/Render/Vars/PointCloud", "RenderVar")
+    var.CreateAttribute("sourceName", Sdf.ValueTypeNames.String).Set("PointCloud")
+    var.CreateAttribute("channels", Sdf.ValueTypeNames.TokenArray).Set(["Coordinates", "Intensity", "Counts"])
+    st.Save()
+    return st
+
+
+def test_lidar_from_prim_and_render_product(tmp_path):
+    st = _lidar_stage(tmp_path / "lidar.usda")
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    lid = Lidar(st.GetPrimAtPath("/World/Lidar"), scene=scene)
+    assert lid.config.scan_type is ScanType.SOLID_STATE and lid.config.number_of_emitters == 3
+    pc = lid.render(0.0, 0.1)
+    assert pc.count == 3 and "MaterialId" in pc.channels
+    # the prim moves from x=0 (t=0) to x=2 (t=1 s): ranges to the wall x=40 shrink with the firing time
+    np.testing.assert_allclose(pc.xyz()[0, 0], 40.0, atol=1e-3)
+    prod = Lidar(str(tmp_path / "lidar.usda"), prim_path="/Render/Products/LidarProduct", scene=scene)
+    pc2 = prod.render(0.0, 0.1)
+    assert set(pc2.channels) == {"Counts", "Flags", "Coordinates", "Intensity"}
+    np.testing.assert_allclose(pc2["Coordinates"].numpy(), pc["Coordinates"].numpy())
+
+
+@pytest.mark.parametrize(
+    "attr, value, match",
+    [
+        ("omni:sensor:Core:emitterState:s001:azimuthDeg", [0.0, 1.0], "azimuthDeg: has 2 entries"),
+        ("omni:sensor:Core:scanType", "HELICAL", "scanType: unknown token 'HELICAL'"),
+        ("omni:sensor:Core:scanRateBaseHz", 0.3, "scanRateBaseHz"),
+        ("omni:sensor:Core:rayType", "LASER", "rayType"),
+        ("omni:sensor:Core:maxReturns", 0, "maxReturns"),
+    ],
+)
+def test_bad_attributes_name_the_attribute(tmp_path, attr, value, match):
+    from pxr import Sdf
+
+    types = {list: Sdf.ValueTypeNames.FloatArray, str: Sdf.ValueTypeNames.Token, float: Sdf.ValueTypeNames.Float,
+             int: Sdf.ValueTypeNames.UInt}
+    st = _lidar_stage(tmp_path / "bad.usda", **{attr: (value, types[type(value)])})
+    with pytest.raises(LidarConfigError, match=match) as e:
+        Lidar(st.GetPrimAtPath("/World/Lidar"), scene=box_room_scene(ROOM_LO, ROOM_HI))
+    assert "/World/Lidar" in str(e.value)
+
+
+def test_unknown_attribute_warns_once(tmp_path):
+    from pxr import Sdf
+
+    st = _lidar_stage(tmp_path / "w.usda", **{"omni:sensor:Core:fooBar": (1.0, Sdf.ValueTypeNames.Float)})
+    with pytest.warns(UserWarning, match="fooBar"):
+        Lidar(st.GetPrimAtPath("/World/Lidar"), scene=box_room_scene(ROOM_LO, ROOM_HI))
+
+
+# --------------------------------------------------------------------------------------------------- output
+def test_point_cloud_writers_and_torch(tmp_path):
+    import torch
+    from plyfile import PlyData
+
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    pc = Lidar(config=rotary(n_el=4, ticks=100), scene=scene, trajectory=STATIC).render(0.0, 0.1)
+    pc.write_ply(tmp_path / "p.ply")
+    ply = PlyData.read(str(tmp_path / "p.ply"))
+    assert ply["vertex"].count == pc.count
+    np.testing.assert_allclose(ply["vertex"]["x"], pc.xyz()[:, 0], rtol=1e-6)
+    las = pc.to_las_array()
+    assert las.shape == (400,) and np.all(las["return_number"] == 1) and np.all(las["number_of_returns"] == 1)
+    t = pc.torch()
+    assert isinstance(t["Intensity"], torch.Tensor) and t["Coordinates"].shape == (3, 400)
+    # zero-copy: the tensor shares the Warp array's memory
+    assert t["Intensity"].data_ptr() == pc["Intensity"].ptr
+    assert pc.params["modality"] == 1 and (pc["Flags"].numpy() & FLAG_VALID).all()

@@ -1,0 +1,482 @@
+"""``wsim.Lidar``: a spinning or solid-state lidar configured like the RTX lidar generic core model.
+
+Steps of a render (each in :mod:`wsim.kernels.lidar`): firing schedule → pose at each firing time → rays/beams →
+trace against the scene at that time → echoes → intensity and detection → output frame → compaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import replace
+from typing import Any, Sequence
+
+import numpy as np
+import warp as wp
+
+from .. import launch as _launch
+from ..kernels import lidar as K
+from ..scene.scene import Scene, Trajectory
+from ..scene.transforms import compose_matrix, decompose_matrix, interpolate_pose
+from .lidar_config import (
+    CoordsType,
+    FrameOfReference,
+    IntensityMapping,
+    IntensityProcessing,
+    LidarConfig,
+    MotionCompensation,
+    RayType,
+    ScanType,
+)
+from .pointcloud import ALWAYS, CHANNELS, PointCloud
+from .presets import preset as _preset
+
+Pose = tuple[Sequence[float], Sequence[float]]  # (translation (3,) [m], quaternion (x, y, z, w))
+
+#: ISO 8855 sensor axes to the application's axes (wsim: the same axes).
+MODEL_TO_APP = np.eye(4, dtype=np.float32)
+
+
+def _pose_matrix(pose: Pose) -> np.ndarray:
+    t, q = pose
+    return compose_matrix(np.asarray(t, float), np.asarray(q, float))
+
+
+class Lidar:
+    """A lidar sensor.
+
+    Build it from a USD prim carrying ``omni:sensor:Core:*`` attributes (or a RenderProduct whose ``camera``
+    relationship names one), or from a preset with :meth:`preset`.
+
+    Args:
+        prim: A ``pxr.Usd.Prim``, or a USD file path together with ``prim_path``; None with ``config``.
+        prim_path: Prim path inside the file ``prim``.
+        config: A :class:`LidarConfig` (instead of a prim).
+        scene: Scene to render (default: the prim's stage loaded as a scene).
+        trajectory: Sensor-to-world trajectory (default: the prim's world transform samples; identity).
+        rig: A rig-to-world trajectory (e.g. ``scene.ego_trajectory``); with ``mount``, the sensor pose is
+            rig(t) ∘ mount.
+        mount: Sensor-to-rig pose (translation [m], quaternion xyzw).
+        channels: Channels to deliver (default all; Counts and Flags always).
+        device: Warp device.
+    """
+
+    def __init__(
+        self,
+        prim: Any = None,
+        *,
+        prim_path: str | None = None,
+        config: LidarConfig | None = None,
+        scene: Scene | None = None,
+        trajectory: Trajectory | None = None,
+        rig: Trajectory | None = None,
+        mount: Pose | None = None,
+        channels: Sequence[str] | None = None,
+        device: str | None = None,
+    ) -> None:
+        self._stage_file = ""
+        if config is None:
+            if prim is None:
+                raise ValueError("Lidar needs a prim or a config")
+            from ..scene.prims import read_sensor_prim
+
+            sp = read_sensor_prim(prim, prim_path)
+            config = LidarConfig.from_attributes(sp.attributes, name=sp.path)
+            if trajectory is None and rig is None:
+                trajectory = sp.trajectory
+            if channels is None:
+                channels = sp.channels
+            self._stage_file = sp.stage_file
+        self.config = config
+        self.scene = scene
+        self.device = wp.get_device(device)
+        if rig is not None:
+            m = _pose_matrix(mount) if mount is not None else np.eye(4)
+            keys = [decompose_matrix(compose_matrix(t, q) @ m) for t, q in zip(rig.translations, rig.rotations)]
+            trajectory = Trajectory(rig.times, [k[0] for k in keys], [k[1] for k in keys])
+        elif trajectory is None and mount is not None:
+            trajectory = Trajectory([0.0], [mount[0]], [mount[1]])
+        self.trajectory = trajectory or Trajectory([0.0], [[0, 0, 0]], [[0, 0, 0, 1]])
+        self.channels = self._check_channels(channels)
+        self.frame_id = 0
+        self._history: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._emitters: dict[str, Any] = {}
+        self._tables: dict[int, Any] = {}
+
+    @classmethod
+    def preset(cls, name: str, *, scene: Scene | None = None, trajectory: Trajectory | None = None,
+               rig: Trajectory | None = None, mount: Pose | None = None, channels: Sequence[str] | None = None,
+               device: str | None = None, **overrides: Any) -> Lidar:
+        """A lidar from a built-in preset ("PANDAR128" or "AT128") with optional config overrides
+        (e.g. ``ray_type="GAUSSIAN_BEAM", max_returns=2``); placement arguments as for :class:`Lidar`."""
+        return cls(config=_preset(name, **overrides), scene=scene, trajectory=trajectory, rig=rig, mount=mount,
+                   channels=channels, device=device)
+
+    @staticmethod
+    def _check_channels(channels: Sequence[str] | None) -> list[str]:
+        if channels is None:
+            return list(CHANNELS) + ["SemanticId"]
+        out = list(ALWAYS)
+        for c in channels:
+            if c not in CHANNELS and c != "SemanticId":
+                import warnings
+
+                warnings.warn(f"ignoring unknown lidar channel {c!r}", stacklevel=3)
+            elif c not in out:
+                out.append(c)
+        return out
+
+    # ------------------------------------------------------------------ pose handling
+    def _pose_at(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        traj = self._pose_trajectory()
+        return interpolate_pose(traj.times, traj.translations, traj.rotations, t)
+
+    def _pose_trajectory(self) -> Trajectory:
+        if not self._history:
+            return self.trajectory
+        ts = sorted(self._history)
+        return Trajectory(ts, [self._history[t][0] for t in ts], [self._history[t][1] for t in ts])
+
+    def _record_poses(self, t0: float, t1: float, sensor_poses: Any) -> None:
+        if sensor_poses is None:
+            return
+        if isinstance(sensor_poses, Trajectory):
+            for t, tr, q in zip(sensor_poses.times, sensor_poses.translations, sensor_poses.rotations):
+                self._history[float(t)] = (np.asarray(tr, float), np.asarray(q, float))
+        else:
+            start, end = sensor_poses
+            for t, (tr, q) in ((t0, start), (t1, end)):
+                tr, q = np.asarray(tr, float), np.asarray(q, float)
+                if tr.shape != (3,) or q.shape != (4,) or not (np.all(np.isfinite(tr)) and np.all(np.isfinite(q))):
+                    raise ValueError("sensor_poses: each pose is (translation (3,), quaternion xyzw (4,)), finite")
+                if np.linalg.norm(q) < 1e-9:
+                    raise ValueError("sensor_poses: zero quaternion")
+                self._history[float(t)] = (tr, q / np.linalg.norm(q))
+        keep = max(self._history) - 3.0 * self.config.scan_period_s
+        for t in [t for t in self._history if t < keep]:
+            del self._history[t]
+
+    # ------------------------------------------------------------------ schedule
+    def _scan_ticks_ns(self) -> np.ndarray:
+        c = self.config
+        n = c.ticks_per_scan
+        if c.scan_type is ScanType.SOLID_STATE:
+            return np.zeros(1, np.int64)
+        return np.round(np.arange(n) * 1e9 / c.pattern_firing_rate_hz).astype(np.int64)
+
+    def _ticks(self, scans: np.ndarray, t0_ns: int, t1_ns: int, window: bool) -> dict[str, np.ndarray]:
+        c = self.config
+        period = int(round(1e9 / c.scan_rate_base_hz))
+        rel = self._scan_ticks_ns()
+        nxt = np.append(rel[1:], period)
+        n_states = len(c.emitter_states)
+        rows = []
+        for k in scans:
+            start = int(k) * period
+            abs_ns = start + rel
+            if window:
+                sel = (abs_ns + (nxt - rel) > t0_ns) & (abs_ns < t1_ns)
+            else:
+                sel = np.ones(len(rel), bool)
+            j = np.nonzero(sel)[0]
+            if c.scan_type is ScanType.SOLID_STATE:
+                state = np.full(len(j), (int(k) // c.state_resolution_step) % n_states)
+            else:
+                state = (j // c.state_resolution_step) % n_states
+            rows.append((abs_ns[j], rel[j], (nxt - rel)[j], j, state, np.full(len(j), int(k))))
+        if not rows:
+            return {}
+        cat = [np.concatenate(x) for x in zip(*rows)]
+        return dict(abs_ns=cat[0], rel_ns=cat[1], period_ns=cat[2], tick_id=cat[3], state=cat[4], scan=cat[5])
+
+    # ------------------------------------------------------------------ render
+    def render(
+        self,
+        t0: float,
+        t1: float,
+        *,
+        scene: Scene | None = None,
+        sensor_poses: tuple[Pose, Pose] | Trajectory | None = None,
+        compensation_reference: str = "start",
+        channels: Sequence[str] | None = None,
+    ) -> PointCloud:
+        """Render the application step [t0, t1] (scene seconds).
+
+        Args:
+            t0, t1: Step start and end [s] on the scene clock.
+            scene: Scene to trace (default: the one given at construction, else the prim's stage).
+            sensor_poses: (start pose, end pose) of the sensor at t0 and t1 (sensor-to-world translation [m] and
+                quaternion xyzw), or a Trajectory; remembered so that a scan accumulated over several steps uses
+                every step's poses. Default: the sensor's trajectory.
+            compensation_reference: "start" (timestampNs) or "end" (frame end) for SENSOR + COMPENSATED output.
+            channels: Channels to deliver for this frame (default: the lidar's selection).
+
+        Returns:
+            A :class:`PointCloud`. With partialOutputs false, only a step that completes a scan delivers points
+            (the whole scan); other steps deliver Counts = 0.
+        """
+        if not (np.isfinite(t0) and np.isfinite(t1)) or t1 < t0:
+            raise ValueError(f"render: need finite t0 <= t1, got t0={t0}, t1={t1}")
+        if compensation_reference not in ("start", "end"):
+            raise ValueError("compensation_reference: 'start' or 'end'")
+        scene = self._scene(scene)
+        self._record_poses(t0, t1, sensor_poses)
+        c = self.config
+        chans = self._check_channels(channels) if channels is not None else self.channels
+        period = int(round(1e9 / c.scan_rate_base_hz))
+        t0_ns, t1_ns = int(round(t0 * 1e9)), int(round(t1 * 1e9))
+        self.frame_id += 1
+        completes = [k for k in range(max(0, t0_ns // period), t1_ns // period + 1)
+                     if t0_ns < (k + 1) * period <= t1_ns]
+        deliver = True
+        if c.instant_lidar:
+            scans = np.array([max(0, t0_ns // period)])
+            ticks = self._ticks(scans, 0, 0, False)
+            frame = (t0_ns, t1_ns)
+            deliver = c.partial_outputs or bool(completes)
+        elif c.partial_outputs:
+            scans = np.arange(max(0, (t0_ns - period) // period), t1_ns // period + 1)
+            ticks = self._ticks(scans, t0_ns, t1_ns, True)
+            frame = (t0_ns, t1_ns)
+        else:
+            if completes:
+                k = completes[-1]
+                ticks = self._ticks(np.array([k]), 0, 0, False)
+                frame = (k * period, t1_ns)
+            else:
+                ticks, frame, deliver = {}, (t0_ns, t1_ns), False
+        if not deliver:
+            ticks = {}
+        return self._trace(scene, ticks, frame, chans, compensation_reference, t0_ns, t1_ns)
+
+    def _scene(self, scene: Scene | None) -> Scene:
+        if scene is not None:
+            return scene
+        if self.scene is None:
+            if not self._stage_file:
+                raise ValueError("Lidar.render: no scene given (pass scene= to Lidar or render)")
+            from ..scene.loader import load_scene
+
+            self.scene = load_scene(self._stage_file)
+        return self.scene
+
+    def _emitter_table(self) -> K.EmitterTable:
+        key = str(self.device)
+        if key not in self._emitters:
+            c, d = self.config, self.device
+            cat = lambda a, dt: np.concatenate([getattr(s, a) for s in c.emitter_states]).astype(dt)  # noqa: E731
+            em = K.EmitterTable()
+            em.az = wp.array(np.deg2rad(cat("azimuth_deg", np.float64)).astype(np.float32), dtype=float, device=d)
+            em.el = wp.array(np.deg2rad(cat("elevation_deg", np.float64)).astype(np.float32), dtype=float, device=d)
+            em.fire_ns = wp.array(cat("fire_time_ns", np.int32), dtype=wp.int32, device=d)
+            em.channel = wp.array(cat("channel_id", np.uint32), dtype=wp.uint32, device=d)
+            em.hor = wp.array(cat("hor_offset_m", np.float32), dtype=float, device=d)
+            em.vert = wp.array(cat("vert_offset_m", np.float32), dtype=float, device=d)
+            em.dcorr = wp.array(cat("distance_correction_m", np.float32), dtype=float, device=d)
+            self._emitters[key] = em
+        return self._emitters[key]
+
+    def _scene_tables(self, scene: Scene):
+        key = id(scene)
+        if key not in self._tables:
+            d = self.device
+            refl = wp.array([m.reflectance for m in scene.materials], dtype=float, device=d)
+            trans = wp.array([m.transmittance for m in scene.materials], dtype=float, device=d)
+            ohash, pnum = object_id_tables(scene)
+            self._tables[key] = (scene, refl, trans, wp.array(ohash, dtype=wp.vec3ui, device=d),
+                                 wp.array(pnum, dtype=wp.uint32, device=d))
+        return self._tables[key][1:]
+
+    def _params(self) -> K.LidarParams:
+        c = self.config
+        p = K.LidarParams()
+        p.num_emitters = c.number_of_emitters
+        p.rotary = int(c.scan_type is ScanType.ROTARY)
+        p.ccw = int(c.rotation_direction == "CCW")
+        p.scan_period = c.scan_period_s
+        p.start_az_offset = np.deg2rad(c.start_azimuth_offset_deg)
+        p.valid_start = np.deg2rad(c.valid_start_azimuth_deg % 360.0) if c.valid_start_azimuth_deg != 360 else 2 * np.pi
+        p.valid_end = np.deg2rad(c.valid_end_azimuth_deg if 0 <= c.valid_end_azimuth_deg <= 360
+                                 else c.valid_end_azimuth_deg % 360.0)
+        p.near, p.far = c.near_range_m, c.far_range_m
+        p.range_res = c.range_resolution_m
+        p.min_echo_dist = c.min_dist_between_echos_m
+        p.max_returns = c.max_returns
+        p.ray_type = {RayType.IDEALIZED: 0, RayType.GAUSSIAN_BEAM: 1, RayType.UNIFORM_BEAM: 2}[c.ray_type]
+        p.beam_n = c.beam_samples if c.ray_type is not RayType.IDEALIZED else 1
+        p.hits_per_subray = max(1, min(c.max_returns + 1, K.MAX_CONTRIB // max(1, p.beam_n)))
+        p.div_h, p.div_v = np.deg2rad(c.divergence_hor_deg), np.deg2rad(c.divergence_ver_deg)
+        p.processing = {IntensityProcessing.RAW: 0, IntensityProcessing.NORMALIZATION: 1,
+                        IntensityProcessing.CORRECTION: 2}[c.intensity_processing]
+        p.nonlinear = int(c.intensity_mapping_type is IntensityMapping.NONLINEAR)
+        p.scale = c.intensity_scale_percent / 100.0
+        p.detect_threshold = c.min_reflectance / c.min_reflection_range_m ** 2
+        p.range_noise = c.range_accuracy_m
+        p.az_noise, p.el_noise = np.deg2rad(c.azimuth_error_std), np.deg2rad(c.elevation_error_std)
+        p.seed = int(c.seed)
+        p.instant = int(c.instant_lidar)
+        p.frame = {FrameOfReference.SENSOR: 0, FrameOfReference.WORLD: 1,
+                   FrameOfReference.CUSTOM: 2}[c.output_frame_of_reference]
+        p.compensated = int(c.output_motion_compensation_state is MotionCompensation.COMPENSATED)
+        p.spherical = int(c.elements_coords_type is CoordsType.SPHERICAL)
+        return p
+
+    def _trace(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
+               t0_ns: int, t1_ns: int) -> PointCloud:
+        c, d = self.config, self.device
+        ts_ns, te_ns = frame
+        traj = self._pose_trajectory()
+        start_pose = interpolate_pose(traj.times, traj.translations, traj.rotations, ts_ns * 1e-9)
+        end_pose = interpolate_pose(traj.times, traj.translations, traj.rotations, te_ns * 1e-9)
+        n_ticks = len(ticks.get("abs_ns", []))
+        n_fire = n_ticks * c.number_of_emitters
+        n_slots = n_fire * c.max_returns
+        slots = _alloc_slots(n_slots, d)
+        if n_fire:
+            geo = scene.device_geometry(d)
+            t_lo = min(ts_ns, int(ticks["abs_ns"].min())) * 1e-9
+            t_hi = max(te_ns, int(ticks["abs_ns"].max() + ticks["period_ns"].max())) * 1e-9
+            geo.set_time_window(t_lo - 1e-3, t_hi + 1e-3)
+            tt = K.TickTable()
+            abs_ns = ticks["abs_ns"].astype(np.int64)
+            fire_t = abs_ns * 1e-9 if not c.instant_lidar else np.full(n_ticks, t0_ns * 1e-9)
+            tt.time = wp.array(fire_t.astype(np.float32), dtype=float, device=d)
+            tt.rel_scan = wp.array((ticks["rel_ns"] * 1e-9).astype(np.float32), dtype=float, device=d)
+            tt.offset_ns = wp.array(abs_ns - ts_ns, dtype=wp.int64, device=d)
+            tt.window_lo_ns = wp.array(t0_ns - abs_ns, dtype=wp.int64, device=d)
+            tt.window_hi_ns = wp.array(t1_ns - abs_ns, dtype=wp.int64, device=d)
+            tt.period_ns = wp.array(ticks["period_ns"].astype(np.int64), dtype=wp.int64, device=d)
+            tt.tick_id = wp.array(ticks["tick_id"].astype(np.int32), dtype=wp.int32, device=d)
+            tt.state = wp.array(ticks["state"].astype(np.int32), dtype=wp.int32, device=d)
+            tt.scan = wp.array(ticks["scan"].astype(np.int32), dtype=wp.int32, device=d)
+            p = self._params()
+            p.window_filter = int(c.partial_outputs and not c.instant_lidar)
+            ref_t, ref_q = start_pose if comp_ref == "start" else end_pose
+            if c.instant_lidar:
+                ref_t, ref_q = self._pose_at(t0_ns * 1e-9)
+            pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
+            poses = wp.array(np.concatenate([traj.translations, traj.rotations], 1).astype(np.float32),
+                             dtype=wp.transform, device=d)
+            refl, trans, ohash, pnum = self._scene_tables(scene)
+            custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
+            _launch.launch(K.lidar_fire_kernel, n_fire,
+                           [geo.geo, p, self._emitter_table(), tt, pose_times, poses,
+                            wp.transform(wp.vec3(*ref_t), wp.quat(*ref_q)), custom, refl, trans, ohash, pnum],
+                           [slots], device=d)
+        return self._compact(slots, n_slots, chans, frame, start_pose, end_pose, comp_ref)
+
+    def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], frame, start_pose, end_pose,
+                 comp_ref: str) -> PointCloud:
+        c, d = self.config, self.device
+        keep = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
+        index = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
+        count = 0
+        if n_slots:
+            _launch.launch(K.keep_mask_kernel, n_slots, [slots.present, slots.flags, int(c.include_invalid_points)],
+                           [keep], device=d)
+            wp.utils.array_scan(keep, index, inclusive=True)
+            count = int(index[n_slots - 1:n_slots].numpy()[0])
+        out = {
+            "Flags": wp.zeros(count, dtype=wp.uint8, device=d),
+            "Coordinates": wp.zeros((3, count), dtype=float, device=d),
+            "Intensity": wp.zeros(count, dtype=float, device=d),
+            "TimeOffsetNs": wp.zeros(count, dtype=wp.int32, device=d),
+            "EmitterId": wp.zeros(count, dtype=wp.uint32, device=d),
+            "ChannelId": wp.zeros(count, dtype=wp.uint32, device=d),
+            "TickId": wp.zeros(count, dtype=wp.uint32, device=d),
+            "EchoId": wp.zeros(count, dtype=wp.uint8, device=d),
+            "TickState": wp.zeros(count, dtype=wp.uint8, device=d),
+            "MaterialId": wp.zeros(count, dtype=wp.uint32, device=d),
+            "ObjectId": wp.zeros((count, 4), dtype=wp.uint32, device=d),
+            "HitNormal": wp.zeros((count, 3), dtype=float, device=d),
+            "Velocity": wp.zeros((count, 3), dtype=float, device=d),
+            "SemanticId": wp.zeros(count, dtype=wp.int32, device=d),
+        }
+        if count:
+            _launch.launch(K.compact_kernel, n_slots, [slots, keep, index],
+                           [out[k] for k in ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId",
+                                             "ChannelId", "TickId", "EchoId", "TickState", "MaterialId", "ObjectId",
+                                             "HitNormal", "Velocity", "SemanticId")], device=d)
+        out["Counts"] = wp.array([count], dtype=wp.int32, device=d)
+        channels = {k: out[k] for k in chans if k in out}
+        origin_ns = int(self.scene.time_origin_us * 1000) if self.scene is not None else 0
+        ts_ns, te_ns = frame
+        params = {
+            "frameId": self.frame_id,
+            "timestampNs": origin_ns + ts_ns,
+            "modality": 1,
+            "frameOfReference": {FrameOfReference.SENSOR: 0, FrameOfReference.WORLD: 1,
+                                 FrameOfReference.CUSTOM: 2}[c.output_frame_of_reference],
+            "coordsType": int(c.elements_coords_type is CoordsType.SPHERICAL),
+            "modelToAppTransform": MODEL_TO_APP.copy(),
+            "frameStartTimeStampNs": origin_ns + ts_ns,
+            "frameEndTimeStampNs": origin_ns + te_ns,
+            "frameStartPosM": np.asarray(start_pose[0], np.float32),
+            "frameStartOrientation": np.asarray(start_pose[1], np.float32),
+            "frameEndPosM": np.asarray(end_pose[0], np.float32),
+            "frameEndOrientation": np.asarray(end_pose[1], np.float32),
+            "maxPoints": count,
+            "motionCompensationState": int(c.output_motion_compensation_state is MotionCompensation.COMPENSATED),
+            "compactionType": 1 if c.include_invalid_points else 2,
+            "compensationReference": comp_ref,
+        }
+        return PointCloud(channels, params)
+
+    def with_config(self, **changes: Any) -> Lidar:
+        """A copy of this lidar with config fields changed (same placement and scene)."""
+        cfg = replace(self.config, **changes)
+        cfg.validate()
+        out = Lidar(config=cfg, scene=self.scene, trajectory=self.trajectory, channels=self.channels,
+                    device=str(self.device))
+        return out
+
+
+def _alloc_slots(n: int, d) -> K.Slots:
+    n = max(n, 1)
+    s = K.Slots()
+    s.present = wp.zeros(n, dtype=wp.uint8, device=d)
+    s.flags = wp.zeros(n, dtype=wp.uint8, device=d)
+    s.coords = wp.zeros(n, dtype=wp.vec3, device=d)
+    s.intensity = wp.zeros(n, dtype=float, device=d)
+    s.time_offset_ns = wp.zeros(n, dtype=wp.int32, device=d)
+    s.emitter = wp.zeros(n, dtype=wp.uint32, device=d)
+    s.channel = wp.zeros(n, dtype=wp.uint32, device=d)
+    s.tick = wp.zeros(n, dtype=wp.uint32, device=d)
+    s.echo = wp.zeros(n, dtype=wp.uint8, device=d)
+    s.state = wp.zeros(n, dtype=wp.uint8, device=d)
+    s.material_id = wp.zeros(n, dtype=wp.uint32, device=d)
+    s.object_id = wp.zeros(n, dtype=wp.vec4ui, device=d)
+    s.normal = wp.zeros(n, dtype=wp.vec3, device=d)
+    s.velocity = wp.zeros(n, dtype=wp.vec3, device=d)
+    s.semantic = wp.zeros(n, dtype=wp.int32, device=d)
+    return s
+
+
+def object_id_tables(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
+    """ObjectId tables: (max object id + 1, 3) uint32 — a stable 96-bit hash (BLAKE2b) of each object's prim path —
+    and (n_parts,) uint32 — each part's number within its object (GeomSubset order)."""
+    names: dict[int, list[str]] = {}
+    for p in scene.parts:
+        if p.object_id:
+            names.setdefault(p.object_id, []).append(p.name)
+    for inst in scene.instances:
+        names[inst.object_id] = [inst.name]
+    size = max([0, *names.keys()]) + 1
+    table = np.zeros((size, 3), np.uint32)
+    for oid, ns in names.items():
+        path = os.path.commonprefix(ns) if len(ns) > 1 else ns[0]
+        if len(ns) > 1 and "/" in path:
+            path = path[: path.rstrip("/").rfind("/")] if not all(n.startswith(path + "/") or n == path
+                                                                  for n in ns) else path
+        digest = hashlib.blake2b(path.encode(), digest_size=12).digest()
+        table[oid] = np.frombuffer(digest, dtype="<u4")
+    part_number = np.zeros(len(scene.parts), np.uint32)
+    groups: dict[Any, int] = {}
+    for i, p in enumerate(scene.parts):
+        key = ("obj", p.object_id) if p.object_id else ("part", i)
+        part_number[i] = groups.get(key, 0)
+        groups[key] = part_number[i] + 1
+    for proto in scene.prototypes:
+        for rank, part in enumerate(np.unique(proto.tri_part)):
+            part_number[part] = rank
+    return table, part_number
