@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import warp as wp
 
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 wp.init()
 
 DEVICES = ["cpu"] + [str(d) for d in wp.get_cuda_devices()]

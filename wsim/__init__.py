@@ -1,14 +1,18 @@
 """wsim — differentiable lidar and camera simulation for autonomous driving, built on NVIDIA Warp.
 
-Public surface: scenes (:func:`load_scene`, :class:`Scene`) and the tracing core (:meth:`Scene.device_geometry`).
+Public surface: scenes (:func:`load_scene`, :class:`Scene`), the tracing core (:meth:`Scene.device_geometry`), and
+sensors (:class:`Lidar` → :class:`PointCloud`).
 """
 
 from .scene import CameraCalibration, Instance, Material, MeshData, Part, Scene, SceneError, Trajectory
 from .scene.loader import load_scene
+from .sensors.lidar import Lidar
+from .sensors.lidar_config import LidarConfig, LidarConfigError
+from .sensors.pointcloud import PointCloud
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CameraCalibration", "Instance", "Material", "MeshData", "Part", "Scene", "SceneError", "Trajectory",
-    "load_scene", "__version__",
+    "CameraCalibration", "Instance", "Lidar", "LidarConfig", "LidarConfigError", "Material", "MeshData", "Part",
+    "PointCloud", "Scene", "SceneError", "Trajectory", "load_scene", "__version__",
 ]

@@ -26,6 +26,16 @@ def _summary(scene) -> list[str]:
     ]
 
 
+def _mount(scene, name: str) -> tuple:
+    """Sensor-to-rig pose (translation [m], quaternion xyzw) of the scene rig's lidar of type ``name``
+    (``metadata["sensor_rig"]["lidars"]``); the roof mount if the scene has none."""
+    rig = scene.metadata.get("sensor_rig", {}) if isinstance(scene.metadata, dict) else {}
+    for m in (rig.get("lidars") or {}).values():
+        if str(m.get("type", "")).upper() == name:
+            return tuple(m["translation"]), tuple(m.get("rotation_xyzw", (0.0, 0.0, 0.0, 1.0)))
+    return tuple(ROOF_MOUNT_M), (0.0, 0.0, 0.0, 1.0)
+
+
 def demo(args: argparse.Namespace) -> int:
     import warp as wp
     from PIL import Image
@@ -34,11 +44,11 @@ def demo(args: argparse.Namespace) -> int:
     import wsim
     from wsim.scene.transforms import quat_to_matrix
     from wsim.sensors.panorama import render_panorama
+    from wsim.sensors.topdown import topdown_image
 
-    wp.config.quiet = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = tqdm(total=3, desc="wsim demo", unit="step", disable=args.quiet)
+    steps = tqdm(total=5, desc="wsim demo", unit="step", disable=args.quiet)
     t0 = time.perf_counter()
     scene = wsim.load_scene(args.scene)
     load_s = time.perf_counter() - t0
@@ -57,6 +67,23 @@ def demo(args: argparse.Namespace) -> int:
     png = out / "panorama_range_intensity.png"
     Image.fromarray(pano.to_image()).save(png)
     steps.update()
+    lidar_lines = []
+    for name in ("PANDAR128", "AT128"):
+        steps.set_postfix_str(name)
+        lidar = wsim.Lidar.preset(name, scene=scene, rig=scene.ego_trajectory, mount=_mount(scene, name),
+                                  device=args.device)
+        t_scan = np.floor(t_render * 10.0 + 1e-9) / 10.0  # the 0.1 s scan that ends at the render time
+        t0 = time.perf_counter()
+        pc = lidar.render(t_scan - 0.1, t_scan)
+        dt = time.perf_counter() - t0
+        stem = out / f"lidar_{name.lower()}"
+        pc.write_ply(stem.with_suffix(".ply"))
+        inten = pc["Intensity"].numpy()
+        Image.fromarray(topdown_image(pc.xyz(), inten)).save(stem.with_name(stem.name + "_topdown.png"))
+        lidar_lines.append(f"{name.lower():<16} {pc.count:,} points in {dt:.2f} s (scan {t_scan - 0.1:.1f}-"
+                           f"{t_scan:.1f} s, mean intensity {inten.mean():.3f}) -> {stem.name}.ply, "
+                           f"{stem.name}_topdown.png")
+        steps.update()
     steps.close()
     hit = float((pano.range_m > 0).mean())
     lines = _summary(scene) + [
@@ -65,7 +92,8 @@ def demo(args: argparse.Namespace) -> int:
         f"({position[0]:.2f}, {position[1]:.2f}, {position[2]:.2f}) m: {hit:.1%} hit, "
         f"median range {np.median(pano.range_m[pano.range_m > 0]):.1f} m",
         f"trace rate       {pano.rays_per_second / 1e6:.2f} M closest-hit rays/s",
-        f"wrote            {png}",
+        *lidar_lines,
+        f"wrote            {out}/",
     ]
     text = "\n".join(lines)
     (out / "summary.txt").write_text(text + "\n")
@@ -95,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("scene", nargs="?", default="builtin")
     i.set_defaults(func=info)
     args = p.parse_args(argv)
+    import warp as wp
+
+    wp.config.log_level = wp.LOG_WARNING  # no start-up banner or module-compile chatter in the output
     try:
         return args.func(args)
     except Exception as e:  # noqa: BLE001 - one clear line for the user, not a traceback

@@ -7,7 +7,7 @@ detection → output frame. Every firing is independent; nothing is written that
 import warp as wp
 
 from .pose import difference_window, sample_trajectory
-from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, point_velocity
+from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, miss, point_velocity
 
 MAX_CONTRIB = 64  # beam contributions per firing (sub-rays × surfaces per sub-ray)
 vec64f = wp.types.vector(length=MAX_CONTRIB, dtype=float)
@@ -294,9 +294,11 @@ def lidar_fire_kernel(
     es = vec64f()
     ec = vec64i()
     ne_out = int(0)
+    first = miss()
     if p.ray_type == RAY_IDEALIZED:
         tau = float(1.0)
         h = closest_hit(geo, o, d, 0.0, p.far, t_fire)
+        first = h
         depth = int(0)
         while h.face >= 0 and ne_out < p.max_returns:
             er[ne_out] = h.t
@@ -398,7 +400,9 @@ def lidar_fire_kernel(
             k = code // p.hits_per_subray
             depth = code - k * p.hits_per_subray
         dk = subray_dir(d, k, p)
-        h = nth_hit(geo, o, dk, depth, p.far, t_fire)
+        h = first
+        if p.ray_type != RAY_IDEALIZED or r > 0:
+            h = nth_hit(geo, o, dk, depth, p.far, t_fire)
         if h.face < 0:
             continue
         rng_m = er[r]
