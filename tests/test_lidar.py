@@ -455,3 +455,44 @@ def test_point_cloud_writers_and_torch(tmp_path):
     # zero-copy: the tensor shares the Warp array's memory
     assert t["Intensity"].data_ptr() == pc["Intensity"].ptr
     assert pc.params["modality"] == 1 and (pc["Flags"].numpy() & FLAG_VALID).all()
+
+
+def test_azimuth_window_direction_and_custom_frame(device):
+    from wsim.sensors.lidar_config import FrameOfReference
+
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    base = rotary(n_el=1, ticks=360, valid_start_azimuth_deg=0.0, valid_end_azimuth_deg=90.0)
+    cw = Lidar(config=base, scene=scene, trajectory=STATIC, device=device).render(0.0, 0.1)
+    az = np.degrees(np.arctan2(cw.xyz()[:, 1], cw.xyz()[:, 0]))
+    # firing angle in [0°, 90°] clockwise from +X → delivered azimuths in [−90°, 0°]
+    assert 88 <= cw.count <= 92 and np.all((az <= 1e-3) & (az >= -90.0 - 1e-3))
+    ccw = Lidar(config=base, scene=scene, trajectory=STATIC, device=device).with_config(
+        rotation_direction="CCW").render(0.0, 0.1)
+    az = np.degrees(np.arctan2(ccw.xyz()[:, 1], ccw.xyz()[:, 0]))
+    assert np.all((az >= -1e-3) & (az <= 90.0 + 1e-3))
+    # CUSTOM frame: world → custom = translation by (1, 2, 3)
+    trafo = np.eye(4)
+    trafo[:3, 3] = [1, 2, 3]
+    pos = np.array([2.0, -1.0, 0.5])
+    traj = Trajectory([0.0], [pos], [[0, 0, 0, 1]])
+    world = Lidar(config=base, scene=scene, trajectory=traj).with_config(
+        output_frame_of_reference=FrameOfReference.WORLD).render(0.0, 0.1).xyz()
+    custom = Lidar(config=base, scene=scene, trajectory=traj).with_config(
+        output_frame_of_reference=FrameOfReference.CUSTOM, custom_frame_of_reference_trafo=trafo).render(0.0, 0.1)
+    np.testing.assert_allclose(custom.xyz(), world + [1, 2, 3], atol=1e-4)
+    assert custom.params["frameOfReference"] == 2
+
+
+def test_emitter_offsets_distance_correction_and_quantization(device):
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    cfg = solid_state([0.0, 90.0], 0.0, range_resolution_m=0.25)
+    cfg.emitter_states[0].vert_offset_m[:] = [0.5, 0.0]
+    cfg.emitter_states[0].hor_offset_m[:] = [0.0, 0.2]
+    cfg.emitter_states[0].distance_correction_m[:] = [0.1, 0.0]
+    pc = Lidar(config=cfg, scene=scene, trajectory=STATIC, device=device).render(0.0, 0.1)
+    xyz = pc.xyz()
+    # emitter 0 at z = 0.5 fires along +x: wall at 40 m, +0.1 m bias, quantised to 0.25 m → 40.0; the point keeps
+    # the emitter's displacement
+    np.testing.assert_allclose(xyz[0], [40.0, 0.0, 0.5], atol=1e-4)
+    # emitter 1 fires along +y from 0.2 m out along its own azimuth: wall at y = 25 → range 24.8 → 24.75 quantised
+    np.testing.assert_allclose(xyz[1], [0.0, 0.2 + 24.75, 0.0], atol=1e-4)
