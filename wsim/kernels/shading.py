@@ -1,0 +1,241 @@
+"""Camera rendering on the device: per-pixel timed rays through a lens, closest hits, shading.
+
+Every pixel's ray is generated at the pixel's own rolling-shutter time (:func:`wsim.kernels.lens.relative_time`): the
+camera pose is interpolated with :func:`wsim.kernels.pose.lerp_pose` and the scene's moving instances are placed at that
+time by :func:`wsim.kernels.trace.closest_hit`.
+
+Shading (COLOR): linear albedo (material base colour, or interpolated vertex colours where the mesh has them) lit by a
+directional sun (Lambert, with an any-hit shadow ray toward the sun) plus a hemispherical sky ambient term; rays that
+miss see a sky gradient (horizon → zenith, a darker ground below the horizon). Sub-pixel samples are averaged in linear
+space, then sRGB-encoded to 8 bits.
+"""
+
+import warp as wp
+
+from .colormap import turbo
+from .lens import LensParams, relative_time, unproject
+from .pose import lerp_pose, sample_keys
+from .trace import SceneGeo, closest_hit
+
+
+@wp.struct
+class ShadeTables:
+    """Colour tables of a scene (built once per device geometry by the camera).
+
+    Attributes:
+        material_color: Linear base colour per material.
+        static_colors: Linear colour per static-mesh vertex (one dummy entry when ``static_has_colors`` is 0).
+        static_has_colors: 1 if the static mesh has vertex colours.
+        inst_color_offset: Per instance, offset of its prototype's vertex colours in ``proto_colors`` (-1: none).
+        proto_colors: Concatenated prototype vertex colours.
+    """
+
+    material_color: wp.array[wp.vec3]
+    static_colors: wp.array[wp.vec3]
+    static_has_colors: wp.int32
+    inst_color_offset: wp.array[wp.int32]
+    proto_colors: wp.array[wp.vec3]
+
+
+@wp.struct
+class Lighting:
+    """Sun and sky.
+
+    Attributes:
+        sun_dir: Unit direction toward the sun (world, Z up).
+        sun_color: Sun irradiance (linear RGB, 1 = white at normal incidence).
+        sky_zenith, sky_horizon, ground: Linear colours of the sky gradient and below the horizon.
+        ambient: Linear sky ambient radiance on an upward-facing surface.
+        shadows: 1 to trace shadow rays.
+    """
+
+    sun_dir: wp.vec3
+    sun_color: wp.vec3
+    sky_zenith: wp.vec3
+    sky_horizon: wp.vec3
+    ground: wp.vec3
+    ambient: wp.vec3
+    shadows: wp.int32
+
+
+@wp.func
+def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, time: float) -> bool:
+    """Whether anything lies on ``origin + t·direction``, 0 < t < t_max [m], with the scene at ``time`` [s]."""
+    hit = False
+    if geo.static_mesh != wp.uint64(0):
+        hit = wp.mesh_query_ray_anyhit(geo.static_mesh, origin, direction, t_max)
+    if not hit and geo.num_instances > 0:
+        bq = wp.bvh_query_ray(geo.tlas, origin, direction)
+        idx = int(0)
+        while wp.bvh_query_next(bq, idx, t_max):
+            if not hit:
+                xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
+                                 geo.inst_key_count[idx], time)
+                inv = wp.quat_inverse(xf.rot)
+                lo = wp.cw_div(wp.quat_rotate(inv, origin - xf.pos), xf.scale)
+                ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
+                if wp.mesh_query_ray_anyhit(geo.inst_mesh[idx], lo, ld, t_max):
+                    hit = True
+    return hit
+
+
+@wp.func
+def sky(light: Lighting, d: wp.vec3) -> wp.vec3:
+    """Radiance of the sky (or the ground below the horizon) in direction ``d``."""
+    z = d[2]
+    if z >= 0.0:
+        return wp.lerp(light.sky_horizon, light.sky_zenith, wp.sqrt(z))
+    return wp.lerp(light.sky_horizon, light.ground, wp.min(1.0, -z * 8.0))
+
+
+@wp.func
+def albedo(geo: SceneGeo, tables: ShadeTables, face: int, instance: int, material: int, u: float, v: float) -> wp.vec3:
+    """Linear diffuse colour at a hit: vertex colours where the mesh has them, else the material's base colour."""
+    if instance < 0:
+        if tables.static_has_colors != 0:
+            idx = wp.mesh_get(geo.static_mesh).indices
+            c0 = tables.static_colors[idx[face * 3]]
+            c1 = tables.static_colors[idx[face * 3 + 1]]
+            c2 = tables.static_colors[idx[face * 3 + 2]]
+            return c0 * (1.0 - u - v) + c1 * u + c2 * v
+    else:
+        off = tables.inst_color_offset[instance]
+        if off >= 0:
+            idx = wp.mesh_get(geo.inst_mesh[instance]).indices
+            c0 = tables.proto_colors[off + idx[face * 3]]
+            c1 = tables.proto_colors[off + idx[face * 3 + 1]]
+            c2 = tables.proto_colors[off + idx[face * 3 + 2]]
+            return c0 * (1.0 - u - v) + c1 * u + c2 * v
+    return tables.material_color[material]
+
+
+@wp.func
+def srgb_u8(x: float) -> wp.uint8:
+    c = wp.clamp(x, 0.0, 1.0)
+    s = float(0.0)
+    if c <= 0.0031308:
+        s = 12.92 * c
+    else:
+        s = 1.055 * wp.pow(c, 1.0 / 2.4) - 0.055
+    return wp.uint8(int(s * 255.0 + 0.5))
+
+
+@wp.func
+def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.vec3, d: wp.vec3, t_max: float,
+              time: float) -> wp.vec3:
+    """Linear radiance seen along a ray."""
+    h = closest_hit(geo, origin, d, 0.0, t_max, time)
+    if h.face < 0:
+        return sky(light, d)
+    n = h.normal
+    if wp.dot(n, d) > 0.0:
+        n = -n
+    a = albedo(geo, tables, h.face, h.instance, h.material, h.u, h.v)
+    ndl = wp.dot(n, light.sun_dir)
+    direct = wp.vec3(0.0)
+    if ndl > 0.0:
+        vis = float(1.0)
+        if light.shadows != 0:
+            o = h.point + n * (1.0e-3 + 1.0e-5 * h.t)
+            if occluded(geo, o, light.sun_dir, 1.0e4, time):
+                vis = 0.0
+        direct = light.sun_color * (ndl * vis)
+    amb = light.ambient * (0.6 + 0.4 * n[2])
+    return wp.cw_mul(a, direct + amb)
+
+
+@wp.kernel
+def render_kernel(
+    geo: SceneGeo,
+    tables: ShadeTables,
+    light: Lighting,
+    lens: LensParams,
+    shutter: int,
+    cam_poses: wp.array[wp.transform],
+    t0: float,
+    t1: float,
+    t_max: float,
+    supersample: int,
+    want_color: int,
+    want_raw: int,
+    offset: int,
+    color: wp.array3d[wp.uint8],
+    distance: wp.array2d[float],
+    semantic: wp.array2d[wp.int32],
+    normal: wp.array2d[wp.vec3],
+):
+    """One pixel: raw products from the pixel-centre ray (distance ‖hit − camera centre‖ [m], 0 for a miss; semantic
+    class, 0 for a miss; world normal facing the camera, 0 for a miss) and, if asked, the colour averaged over
+    ``supersample``² sub-pixel rays. Pixels outside the lens's field of view are black / 0."""
+    i = wp.tid() + offset
+    w = lens.width
+    row = i / w
+    col = i - row * w
+    centre = wp.vec2(float(col) + 0.5, float(row) + 0.5)
+    tau = relative_time(shutter, lens.width, lens.height, centre)
+    time = t0 + tau * (t1 - t0)
+    pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
+    origin = wp.transform_get_translation(pose)
+    rot = wp.transform_get_rotation(pose)
+    if want_raw != 0:
+        r = unproject(lens, centre)
+        dist = float(0.0)
+        sem = int(0)
+        nrm = wp.vec3(0.0)
+        if r[3] > 0.0:
+            d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
+            h = closest_hit(geo, origin, d, 0.0, t_max, time)
+            if h.face >= 0:
+                dist = h.t
+                sem = h.semantic
+                nrm = h.normal
+                if wp.dot(nrm, d) > 0.0:
+                    nrm = -nrm
+        distance[row, col] = dist
+        semantic[row, col] = sem
+        normal[row, col] = nrm
+    if want_color != 0:
+        acc = wp.vec3(0.0)
+        inv = 1.0 / float(supersample)
+        for a in range(supersample):
+            for b in range(supersample):
+                uv = wp.vec2(float(col) + (float(b) + 0.5) * inv, float(row) + (float(a) + 0.5) * inv)
+                r = unproject(lens, uv)
+                if r[3] > 0.0:
+                    d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
+                    acc += shade_ray(geo, tables, light, origin, d, t_max, time)
+        acc = acc * (inv * inv)
+        color[row, col, 0] = srgb_u8(acc[0])
+        color[row, col, 1] = srgb_u8(acc[1])
+        color[row, col, 2] = srgb_u8(acc[2])
+
+
+@wp.kernel
+def colorize_semantics_kernel(semantic: wp.array2d[wp.int32], palette: wp.array2d[wp.uint8], offset: int,
+                              out: wp.array3d[wp.uint8]):
+    """RGB8 of class ids through a (C, 3) palette (ids outside it → black)."""
+    i = wp.tid() + offset
+    w = semantic.shape[1]
+    row = i / w
+    col = i - row * w
+    s = semantic[row, col]
+    for c in range(3):
+        v = wp.uint8(0)
+        if s >= 0 and s < palette.shape[0]:
+            v = palette[s, c]
+        out[row, col, c] = v
+
+
+@wp.kernel
+def colorize_distance_kernel(distance: wp.array2d[float], vmax: float, offset: int, out: wp.array3d[wp.uint8]):
+    """RGB8 of distance / vmax through Turbo; distances ≤ 0 (misses) become black."""
+    i = wp.tid() + offset
+    w = distance.shape[1]
+    row = i / w
+    col = i - row * w
+    v = distance[row, col]
+    c = wp.vec3(0.0)
+    if v > 0.0:
+        c = turbo(v / vmax)
+    for k in range(3):
+        out[row, col, k] = wp.uint8(int(c[k] * 255.0 + 0.5))
