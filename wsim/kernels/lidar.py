@@ -7,7 +7,7 @@ detection → output frame. Every firing is independent; nothing is written that
 import warp as wp
 
 from .pose import difference_window, sample_trajectory
-from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, miss, point_velocity
+from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, hit_triangle, miss, point_velocity
 
 MAX_CONTRIB = 64  # beam contributions per firing (sub-rays × surfaces per sub-ray)
 vec64f = wp.types.vector(length=MAX_CONTRIB, dtype=float)
@@ -106,6 +106,18 @@ class Slots:
     normal: wp.array[wp.vec3]
     velocity: wp.array[wp.vec3]
     semantic: wp.array[wp.int32]
+    # what the differentiable pass needs to recompute a return from its surface
+    fire: wp.array[wp.int32]  # firing index
+    face: wp.array[wp.int32]
+    inst: wp.array[wp.int32]
+    material: wp.array[wp.int32]
+    subray: wp.array[wp.int32]
+    tau: wp.array[float]  # sub-ray weight × transmittance before the surface
+    rep_t: wp.array[float]  # representative surface distance [m] (forward value)
+    rep_s: wp.array[float]  # representative contribution signal (forward value)
+    peak_r: wp.array[float]  # echo range before corrections [m]
+    peak_s: wp.array[float]  # echo signal
+    noise: wp.array[wp.vec3]  # range [m], azimuth [rad], elevation [rad] noise drawn for this return
 
 
 @wp.func
@@ -182,15 +194,58 @@ def subray_dir(d: wp.vec3, k: int, p: LidarParams) -> wp.vec3:
 
 
 @wp.func
-def surface_signal(hit: Hit, d: wp.vec3, refl: wp.array[float]) -> float:
-    """Per-unit-weight, per-unit-transmittance signal ρ_eff·|cos θ|/r² of a hit (both faces return)."""
-    c = wp.abs(wp.dot(hit.normal, d))
-    rho = refl[hit.material]
-    if (hit.material_id >> 11) & 2 != 0:
+def signal_from(rho: float, retro: int, n: wp.vec3, d: wp.vec3, r: float) -> float:
+    """ρ_eff·|cos θ|/r² for a surface of reflectance ρ and normal n hit at distance r along unit direction d."""
+    c = wp.abs(wp.dot(n, d))
+    if retro != 0:
         c2 = c * c
         rho = rho * (1.0 + RETRO_GAIN * c2 * c2)
-    r = wp.max(hit.t, 1.0e-3)
-    return rho * c / (r * r)
+    rr = wp.max(r, 1.0e-3)
+    return rho * c / (rr * rr)
+
+
+@wp.func
+def surface_signal(hit: Hit, d: wp.vec3, refl: wp.array[float]) -> float:
+    """Per-unit-weight, per-unit-transmittance signal of a hit (both faces return)."""
+    return signal_from(refl[hit.material], wp.where((hit.material_id >> 11) & 2 != 0, 1, 0), hit.normal, d, hit.t)
+
+
+@wp.func
+def intensity_from(p: LidarParams, signal: float, r: float, cosv: float, gain: float) -> float:
+    """Processing (RAW / NORMALIZATION / CORRECTION), mapping, per-emitter gain, clip to [0, 1], scale."""
+    x = signal
+    if p.processing >= 1:
+        x = signal * r * r
+    if p.processing == 2:
+        x = x / wp.max(cosv, 1.0e-3)
+    if p.nonlinear != 0:
+        x = wp.sqrt(wp.max(x, 1.0e-12))
+    return wp.clamp(x * gain, 0.0, 1.0) * p.scale
+
+
+@wp.func
+def coords_from(p: LidarParams, pw: wp.vec3, sensor: wp.transform, ref: wp.transform, custom: wp.mat44) -> wp.vec3:
+    """A world point in the output frame and representation (Cartesian [m] or azimuth/elevation [deg], range [m])."""
+    c = to_output(p, pw, 1, sensor, ref, custom)
+    if p.spherical != 0:
+        rxy = wp.sqrt(c[0] * c[0] + c[1] * c[1])
+        c = wp.vec3(wp.degrees(wp.atan2(c[1], c[0])), wp.degrees(wp.atan2(c[2], rxy)), wp.length(c))
+    return c
+
+
+@wp.func
+def firing_angles(p: LidarParams, em: EmitterTable, ticks: TickTable, ti: int, ei: int) -> wp.vec2:
+    """Delivered azimuth and elevation [rad] of emitter ``ei`` fired in tick ``ti``."""
+    az = em.az[ei]
+    if p.rotary != 0:
+        fire_s = float(wp.int64(em.fire_ns[ei])) * 1.0e-9
+        phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + fire_s) / p.scan_period
+        phi = phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
+        if p.ccw != 0:
+            az = az + phi
+        else:
+            az = az - phi
+    return wp.vec2(wrap_pi(az + p.start_az_offset), em.el[ei])
 
 
 @wp.func
@@ -220,6 +275,14 @@ def to_output(p: LidarParams, v: wp.vec3, is_point: int, sensor: wp.transform, r
     return wp.quat_rotate_inv(wp.transform_get_rotation(tf), v)
 
 
+@wp.func
+def fired_time(p: LidarParams, em: EmitterTable, ticks: TickTable, ti: int, ei: int) -> float:
+    """Firing time [s] on the scene clock (the tick's start for an instant lidar)."""
+    if p.instant != 0:
+        return ticks.time[0]
+    return ticks.time[ti] + float(wp.int64(em.fire_ns[ei])) * 1.0e-9
+
+
 @wp.kernel
 def lidar_fire_kernel(
     geo: SceneGeo,
@@ -228,15 +291,18 @@ def lidar_fire_kernel(
     ticks: TickTable,
     pose_times: wp.array[float],
     poses: wp.array[wp.transform],
-    ref_pose: wp.transform,
+    ref_time: float,
     custom: wp.mat44,
     refl: wp.array[float],
     trans: wp.array[float],
+    gain: wp.array[float],
     obj_hash: wp.array[wp.vec3ui],
     part_number: wp.array[wp.uint32],
     offset: int,
     out: Slots,
 ):
+    """One firing: schedule check, pose, rays, trace, echoes, intensity, output frame (not differentiable; the
+    differentiable values are recomputed from the chosen surfaces by :func:`lidar_diff_kernel`)."""
     f = wp.tid() + offset
     ne = p.num_emitters
     ti = f // ne
@@ -253,27 +319,21 @@ def lidar_fire_kernel(
     if p.window_filter != 0:
         if key < ticks.window_lo_ns[ti] or key >= ticks.window_hi_ns[ti]:
             return
-    fire_s = float(fire_ns) * 1.0e-9
-    t_fire = ticks.time[ti] + fire_s
+    t_fire = fired_time(p, em, ticks, ti, ei)
     time_offset = ticks.offset_ns[ti] + fire_ns
     if p.instant != 0:
-        t_fire = ticks.time[0]
         time_offset = wp.int64(0)
-    az = em.az[ei]
     if p.rotary != 0:
-        phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + fire_s) / p.scan_period
+        phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + float(fire_ns) * 1.0e-9) / p.scan_period
         phi = phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
         inside = phi >= p.valid_start and phi <= p.valid_end
         if p.valid_start > p.valid_end:
             inside = phi >= p.valid_start or phi <= p.valid_end
         if not inside:
             return
-        if p.ccw != 0:
-            az = az + phi
-        else:
-            az = az - phi
-    az = wrap_pi(az + p.start_az_offset)
-    el = em.el[ei]
+    ang = firing_angles(p, em, ticks, ti, ei)
+    az = ang[0]
+    el = ang[1]
     # identity channels for every slot of a fired emitter (invalid entries keep them too)
     for r in range(p.max_returns):
         out.present[base + r] = wp.uint8(1)
@@ -283,16 +343,19 @@ def lidar_fire_kernel(
         out.tick[base + r] = wp.uint32(ticks.tick_id[ti])
         out.echo[base + r] = wp.uint8(r)
         out.state[base + r] = wp.uint8(st)
+        out.fire[base + r] = f
     # pose at the firing time, emitter origin and direction
     sensor = sample_trajectory(pose_times, poses, t_fire)
+    ref_pose = sample_trajectory(pose_times, poses, ref_time)
     d_s = sph_dir(az, el)
     o_s = wp.vec3(em.hor[ei] * wp.cos(az), em.hor[ei] * wp.sin(az), em.vert[ei])
     o = wp.transform_point(sensor, o_s)
     d = wp.normalize(wp.transform_vector(sensor, d_s))
-    # echoes: (range, signal, code) — code = sub-ray · K + depth of the representative surface
+    # echoes: (range, signal, code = sub-ray · K + depth of the representative surface, its weight·τ)
     er = vec64f()
     es = vec64f()
     ec = vec64i()
+    et = vec64f()
     ne_out = int(0)
     first = miss()
     if p.ray_type == RAY_IDEALIZED:
@@ -304,6 +367,7 @@ def lidar_fire_kernel(
             er[ne_out] = h.t
             es[ne_out] = tau * surface_signal(h, d, refl)
             ec[ne_out] = depth
+            et[ne_out] = tau
             ne_out += 1
             tr = trans[h.material]
             if tr <= 0.0:
@@ -315,6 +379,7 @@ def lidar_fire_kernel(
         cr = vec64f()
         cs = vec64f()
         cc = vec64i()
+        ct = vec64f()
         m = int(0)
         gauss = wp.where(p.ray_type == RAY_GAUSSIAN, 1, 0)
         wsum = beam_weight_sum(p.beam_n, gauss)
@@ -332,10 +397,12 @@ def lidar_fire_kernel(
                     cr[j + 1] = cr[j]
                     cs[j + 1] = cs[j]
                     cc[j + 1] = cc[j]
+                    ct[j + 1] = ct[j]
                     j -= 1
                 cr[j + 1] = h.t
                 cs[j + 1] = s
                 cc[j + 1] = k * p.hits_per_subray + depth
+                ct[j + 1] = w * tau
                 m += 1
                 tr = trans[h.material]
                 if tr <= 0.0:
@@ -350,6 +417,7 @@ def lidar_fire_kernel(
         pm = vec64f()  # Σ r (unweighted, for zero-signal peaks)
         pb = vec64f()  # strongest member's signal
         pc = vec64i()  # strongest member's code
+        pt = vec64f()  # strongest member's weight·τ
         npk = int(0)
         for j in range(m):
             start_new = npk == 0
@@ -374,6 +442,7 @@ def lidar_fire_kernel(
             if cs[j] > pb[q]:
                 pb[q] = cs[j]
                 pc[q] = cc[j]
+                pt[q] = ct[j]
         # strongest first, capped at max_returns
         for k in range(p.max_returns):
             best = int(-1)
@@ -387,10 +456,14 @@ def lidar_fire_kernel(
                 er[ne_out] = mean
                 es[ne_out] = ps[best]
                 ec[ne_out] = pc[best]
+                et[ne_out] = pt[best]
                 ne_out += 1
                 pn[best] = 0.0
     # outputs
     rng = wp.rand_init(p.seed, f + ticks.scan[ti] * 7919)
+    win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], t_fire, 1.0e-3)
+    sa = sample_trajectory(pose_times, poses, win[0])
+    sb = sample_trajectory(pose_times, poses, win[1])
     for r in range(ne_out):
         slot = base + r
         code = ec[r]
@@ -407,47 +480,33 @@ def lidar_fire_kernel(
             continue
         rng_m = er[r]
         if p.ray_type == RAY_IDEALIZED:
-            rng_m = hit_distance(geo, h, o, d)  # from the face's vertices (differentiable)
+            rng_m = hit_distance(geo, h, o, d)  # from the face's vertices, as the differentiable pass does
         signal = es[r]
-        cosv = wp.abs(wp.dot(h.normal, dk))
-        x = signal
-        if p.processing >= 1:
-            x = signal * rng_m * rng_m
-        if p.processing == 2:
-            x = x / wp.max(cosv, 1.0e-3)
-        if p.nonlinear != 0:
-            x = wp.sqrt(wp.max(x, 0.0))
-        inten = wp.clamp(x, 0.0, 1.0) * p.scale
+        inten = intensity_from(p, signal, rng_m, wp.abs(wp.dot(h.normal, dk)), gain[e])
         detected = signal >= p.detect_threshold and rng_m >= p.near and rng_m <= p.far
-        rep = rng_m + em.dcorr[ei]
+        noise = wp.vec3(0.0, 0.0, 0.0)
         if p.range_noise > 0.0:
-            rep = rep + p.range_noise * wp.randn(rng)
+            noise[0] = p.range_noise * wp.randn(rng)
+        if p.az_noise > 0.0 or p.el_noise > 0.0:
+            noise[1] = p.az_noise * wp.randn(rng)
+            noise[2] = p.el_noise * wp.randn(rng)
+        rep = rng_m + em.dcorr[ei] + noise[0]
         if p.range_res > 0.0:
             rep = wp.round(rep / p.range_res) * p.range_res
-        d_rep_s = d_s
-        if p.az_noise > 0.0 or p.el_noise > 0.0:
-            d_rep_s = sph_dir(az + p.az_noise * wp.randn(rng), el + p.el_noise * wp.randn(rng))
-        pw = o + wp.transform_vector(sensor, d_rep_s) * rep
-        c = to_output(p, pw, 1, sensor, ref_pose, custom)
-        if p.spherical != 0:
-            rxy = wp.sqrt(c[0] * c[0] + c[1] * c[1])
-            c = wp.vec3(wp.degrees(wp.atan2(c[1], c[0])), wp.degrees(wp.atan2(c[2], rxy)), wp.length(c))
+        pw = o + wp.transform_vector(sensor, sph_dir(az + noise[1], el + noise[2])) * rep
         flags = wp.uint8(0)
         if detected:
             flags = FLAG_VALID
             if ticks.tick_id[ti] == 0 and (p.rotary != 0 or fire_ns == wp.int64(em.fire_ns[st * ne])):
                 flags = flags | FLAG_NEW_SCAN
         # velocity of the hit point relative to the sensor, in the sensor axes at the firing pose
-        win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], t_fire, 1.0e-3)
-        sa = sample_trajectory(pose_times, poses, win[0])
-        sb = sample_trajectory(pose_times, poses, win[1])
         vw = point_velocity(geo, h)
         pa = wp.transform_point(wp.transform_inverse(sa), h.point + vw * (win[0] - t_fire))
         pb2 = wp.transform_point(wp.transform_inverse(sb), h.point + vw * (win[1] - t_fire))
         v_s = (pb2 - pa) / (win[1] - win[0])
         v_w = wp.transform_vector(sensor, v_s)
         out.flags[slot] = flags
-        out.coords[slot] = c
+        out.coords[slot] = coords_from(p, pw, sensor, ref_pose, custom)
         out.intensity[slot] = inten
         out.material_id[slot] = wp.uint32(h.material_id)
         oh = obj_hash[h.object_id]
@@ -455,6 +514,85 @@ def lidar_fire_kernel(
         out.normal[slot] = to_output(p, h.normal, 0, sensor, ref_pose, custom)
         out.velocity[slot] = to_output(p, v_w, 0, sensor, ref_pose, custom)
         out.semantic[slot] = h.semantic
+        out.face[slot] = h.face
+        out.inst[slot] = h.instance
+        out.material[slot] = h.material
+        out.subray[slot] = k
+        out.tau[slot] = et[r]
+        out.rep_t[slot] = h.t
+        out.rep_s[slot] = et[r] * surface_signal(h, dk, refl)
+        out.peak_r[slot] = er[r]
+        out.peak_s[slot] = es[r]
+        out.noise[slot] = noise
+
+
+@wp.kernel
+def lidar_diff_kernel(
+    geo: SceneGeo,
+    p: LidarParams,
+    em: EmitterTable,
+    ticks: TickTable,
+    pose_times: wp.array[float],
+    poses: wp.array[wp.transform],
+    ref_time: float,
+    custom: wp.mat44,
+    refl: wp.array[float],
+    gain: wp.array[float],
+    slots: Slots,
+    src: wp.array[wp.int32],
+    coords: wp.array2d[float],
+    intensity: wp.array[float],
+):
+    """Recompute the Coordinates and Intensity of delivered returns from their surfaces, differentiably w.r.t. the
+    sensor poses, emitter angles, per-emitter gain, material reflectance and mesh vertices. The surface (face,
+    instance) comes from :func:`lidar_fire_kernel`: the BVH query only picks it. Values equal the forward pass's.
+
+    Beam echoes carry the representative surface's change: range = forward range + Δ(representative distance),
+    signal = forward signal · (representative signal / its forward value).
+    """
+    j = wp.tid()
+    i = src[j]
+    f = slots.fire[i]
+    ne = p.num_emitters
+    ti = f // ne
+    e = f - ti * ne
+    ei = ticks.state[ti] * ne + e
+    t_fire = fired_time(p, em, ticks, ti, ei)
+    ang = firing_angles(p, em, ticks, ti, ei)
+    sensor = sample_trajectory(pose_times, poses, t_fire)
+    ref_pose = sample_trajectory(pose_times, poses, ref_time)
+    d_s = sph_dir(ang[0], ang[1])
+    o_s = wp.vec3(em.hor[ei] * wp.cos(ang[0]), em.hor[ei] * wp.sin(ang[0]), em.vert[ei])
+    o = wp.transform_point(sensor, o_s)
+    d = wp.normalize(wp.transform_vector(sensor, d_s))
+    dk = subray_dir(d, slots.subray[i], p)
+    h = miss()
+    h.face = slots.face[i]
+    h.instance = slots.inst[i]
+    h.time = t_fire
+    tri = hit_triangle(geo, h)
+    n = wp.normalize(wp.cross(tri[1] - tri[0], tri[2] - tri[0]))
+    t_rep = hit_distance(geo, h, o, dk)
+    mid = slots.material[i]
+    retro = int(0)
+    if (geo.material_code[mid] >> 11) & 2 != 0:
+        retro = 1
+    s_rep = slots.tau[i] * signal_from(refl[mid], retro, n, dk, t_rep)
+    rng_m = t_rep
+    signal = s_rep
+    if p.ray_type != RAY_IDEALIZED:
+        rng_m = slots.peak_r[i] + (t_rep - slots.rep_t[i])
+        signal = slots.peak_s[i] * s_rep / wp.max(slots.rep_s[i], 1.0e-30)
+    noise = slots.noise[i]
+    rep = rng_m + em.dcorr[ei] + noise[0]
+    if p.range_res > 0.0:
+        rep = wp.round(rep / p.range_res) * p.range_res
+    pw = o + wp.transform_vector(sensor, sph_dir(ang[0] + noise[1], ang[1] + noise[2])) * rep
+    c = coords_from(p, pw, sensor, ref_pose, custom)
+    coords[0, j] = c[0]
+    coords[1, j] = c[1]
+    coords[2, j] = c[2]
+    intensity[j] = intensity_from(p, signal, rng_m, wp.abs(wp.dot(n, dk)), gain[e])
 
 
 @wp.kernel
@@ -490,11 +628,13 @@ def compact_kernel(
     normal: wp.array2d[float],
     velocity: wp.array2d[float],
     semantic: wp.array[wp.int32],
+    src_slot: wp.array[wp.int32],
 ):
     i = wp.tid() + offset
     if keep[i] == 0:
         return
     j = index[i] - 1  # inclusive scan
+    src_slot[j] = i
     flags[j] = src.flags[i]
     c = src.coords[i]
     n = src.normal[i]

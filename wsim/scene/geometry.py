@@ -64,7 +64,7 @@ class SceneGeometry:
         self._keep: list = []
 
         def mesh(m) -> wp.Mesh:
-            pts = wp.array(m.points, dtype=wp.vec3, device=d)
+            pts = wp.array(m.points, dtype=wp.vec3, device=d, requires_grad=True)  # vertex gradients
             idx = wp.array(m.indices.reshape(-1), dtype=wp.int32, device=d)
             msh = wp.Mesh(points=pts, indices=idx, bvh_constructor=ctor, bvh_leaf_size=leaf_size)
             self._keep.append(msh)

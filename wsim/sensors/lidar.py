@@ -99,6 +99,7 @@ class Lidar:
         self.trajectory = trajectory or Trajectory([0.0], [[0, 0, 0]], [[0, 0, 0, 1]])
         self.channels = self._check_channels(channels)
         self.frame_id = 0
+        self.gain = np.ones(config.number_of_emitters, np.float32)
         self._history: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._emitters: dict[str, Any] = {}
         self._tables: dict[int, Any] = {}
@@ -199,6 +200,7 @@ class Lidar:
         sensor_poses: tuple[Pose, Pose] | Trajectory | None = None,
         compensation_reference: str = "start",
         channels: Sequence[str] | None = None,
+        requires_grad: bool = False,
     ) -> PointCloud:
         """Render the application step [t0, t1] (scene seconds).
 
@@ -210,6 +212,9 @@ class Lidar:
                 every step's poses. Default: the sensor's trajectory.
             compensation_reference: "start" (timestampNs) or "end" (frame end) for SENSOR + COMPENSATED output.
             channels: Channels to deliver for this frame (default: the lidar's selection).
+            requires_grad: Record Coordinates and Intensity on ``PointCloud.tape`` (a ``wp.Tape``): gradients reach
+                ``PointCloud.inputs`` — sensor poses, emitter azimuth/elevation [rad], per-emitter gain, material
+                reflectance and mesh vertex positions. See README "Differentiable rendering".
 
         Returns:
             A :class:`PointCloud`. With partialOutputs false, only a step that completes a scan delivers points
@@ -247,7 +252,7 @@ class Lidar:
                 ticks, frame, deliver = {}, (t0_ns, t1_ns), False
         if not deliver:
             ticks = {}
-        return self._trace(scene, ticks, frame, chans, compensation_reference, t0_ns, t1_ns)
+        return self._trace(scene, ticks, frame, chans, compensation_reference, t0_ns, t1_ns, requires_grad)
 
     def _scene(self, scene: Scene | None) -> Scene:
         if scene is not None:
@@ -266,8 +271,10 @@ class Lidar:
             c, d = self.config, self.device
             cat = lambda a, dt: np.concatenate([getattr(s, a) for s in c.emitter_states]).astype(dt)  # noqa: E731
             em = K.EmitterTable()
-            em.az = wp.array(np.deg2rad(cat("azimuth_deg", np.float64)).astype(np.float32), dtype=float, device=d)
-            em.el = wp.array(np.deg2rad(cat("elevation_deg", np.float64)).astype(np.float32), dtype=float, device=d)
+            em.az = wp.array(np.deg2rad(cat("azimuth_deg", np.float64)).astype(np.float32), dtype=float, device=d,
+                             requires_grad=True)
+            em.el = wp.array(np.deg2rad(cat("elevation_deg", np.float64)).astype(np.float32), dtype=float, device=d,
+                             requires_grad=True)
             em.fire_ns = wp.array(cat("fire_time_ns", np.int32), dtype=wp.int32, device=d)
             em.channel = wp.array(cat("channel_id", np.uint32), dtype=wp.uint32, device=d)
             em.hor = wp.array(cat("hor_offset_m", np.float32), dtype=float, device=d)
@@ -280,7 +287,7 @@ class Lidar:
         key = id(scene)
         if key not in self._tables:
             d = self.device
-            refl = wp.array([m.reflectance for m in scene.materials], dtype=float, device=d)
+            refl = wp.array([m.reflectance for m in scene.materials], dtype=float, device=d, requires_grad=True)
             trans = wp.array([m.transmittance for m in scene.materials], dtype=float, device=d)
             ohash, pnum = object_id_tables(scene)
             self._tables[key] = (scene, refl, trans, wp.array(ohash, dtype=wp.vec3ui, device=d),
@@ -322,7 +329,7 @@ class Lidar:
         return p
 
     def _trace(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
-               t0_ns: int, t1_ns: int) -> PointCloud:
+               t0_ns: int, t1_ns: int, requires_grad: bool = False) -> PointCloud:
         c, d = self.config, self.device
         ts_ns, te_ns = frame
         traj = self._pose_trajectory()
@@ -332,12 +339,22 @@ class Lidar:
         n_fire = n_ticks * c.number_of_emitters
         n_slots = n_fire * c.max_returns
         slots = _alloc_slots(n_slots, d)
+        geo = scene.device_geometry(d)
+        refl, trans, ohash, pnum = self._scene_tables(scene)
+        pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
+        poses = wp.array(np.concatenate([traj.translations, traj.rotations], 1).astype(np.float32),
+                         dtype=wp.transform, device=d, requires_grad=requires_grad)
+        ref_time = (ts_ns if comp_ref == "start" else te_ns) * 1e-9
+        if c.instant_lidar:
+            ref_time = t0_ns * 1e-9
+        p = self._params()
+        p.window_filter = int(c.partial_outputs and not c.instant_lidar)
+        custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
+        tt = K.TickTable()
         if n_fire:
-            geo = scene.device_geometry(d)
             t_lo = min(ts_ns, int(ticks["abs_ns"].min())) * 1e-9
             t_hi = max(te_ns, int(ticks["abs_ns"].max() + ticks["period_ns"].max())) * 1e-9
             geo.set_time_window(t_lo - 1e-3, t_hi + 1e-3)
-            tt = K.TickTable()
             abs_ns = ticks["abs_ns"].astype(np.int64)
             fire_t = abs_ns * 1e-9 if not c.instant_lidar else np.full(n_ticks, t0_ns * 1e-9)
             tt.time = wp.array(fire_t.astype(np.float32), dtype=float, device=d)
@@ -349,24 +366,51 @@ class Lidar:
             tt.tick_id = wp.array(ticks["tick_id"].astype(np.int32), dtype=wp.int32, device=d)
             tt.state = wp.array(ticks["state"].astype(np.int32), dtype=wp.int32, device=d)
             tt.scan = wp.array(ticks["scan"].astype(np.int32), dtype=wp.int32, device=d)
-            p = self._params()
-            p.window_filter = int(c.partial_outputs and not c.instant_lidar)
-            ref_t, ref_q = start_pose if comp_ref == "start" else end_pose
-            if c.instant_lidar:
-                ref_t, ref_q = self._pose_at(t0_ns * 1e-9)
-            pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
-            poses = wp.array(np.concatenate([traj.translations, traj.rotations], 1).astype(np.float32),
-                             dtype=wp.transform, device=d)
-            refl, trans, ohash, pnum = self._scene_tables(scene)
-            custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
             _launch.launch(K.lidar_fire_kernel, n_fire,
-                           [geo.geo, p, self._emitter_table(), tt, pose_times, poses,
-                            wp.transform(wp.vec3(*ref_t), wp.quat(*ref_q)), custom, refl, trans, ohash, pnum],
+                           [geo.geo, p, self._emitter_table(), tt, pose_times, poses, float(ref_time), custom,
+                            refl, trans, self._gain_array(), ohash, pnum],
                            [slots], device=d)
-        return self._compact(slots, n_slots, chans, frame, start_pose, end_pose, comp_ref)
+        pc, src = self._compact(slots, n_slots, chans, frame, start_pose, end_pose, comp_ref)
+        if requires_grad:
+            n = pc.count
+            coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
+            inten = wp.zeros(n, dtype=float, device=d, requires_grad=True)
+            em = self._emitter_table()
+            tape = wp.Tape()
+            if n:
+                with tape:
+                    wp.launch(K.lidar_diff_kernel, n, [geo.geo, p, em, tt, pose_times, poses, float(ref_time),
+                                                        custom, refl, self._gain_array(), slots, src],
+                              [coords, inten], device=d)
+            pc.channels["Coordinates"] = coords
+            pc.channels["Intensity"] = inten
+            pc.tape = tape
+            pc.inputs = {
+                "pose_times": pose_times, "poses": poses, "azimuth": em.az, "elevation": em.el,
+                "gain": self._gain_array(), "reflectance": refl,
+                "static_points": geo.static_mesh.points if geo.static_mesh is not None else None,
+                "prototype_points": [m.points if m is not None else None for m in geo.prototype_meshes],
+            }
+        return pc
+
+    def _gain_array(self) -> wp.array:
+        """Per-emitter intensity gain (device array, default 1; differentiable)."""
+        key = ("gain", str(self.device))
+        if key not in self._emitters:
+            self._emitters[key] = wp.array(np.asarray(self.gain, np.float32), dtype=float, device=self.device,
+                                           requires_grad=True)
+        return self._emitters[key]
+
+    def set_gain(self, gain: np.ndarray) -> None:
+        """Set the per-emitter intensity gain (numberOfEmitters,) (multiplies the processed intensity)."""
+        g = np.asarray(gain, np.float32).reshape(-1)
+        if len(g) != self.config.number_of_emitters or not np.all(np.isfinite(g)):
+            raise ValueError(f"gain: need {self.config.number_of_emitters} finite values")
+        self.gain = g
+        self._gain_array().assign(g)
 
     def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], frame, start_pose, end_pose,
-                 comp_ref: str) -> PointCloud:
+                 comp_ref: str) -> tuple[PointCloud, wp.array]:
         c, d = self.config, self.device
         keep = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
         index = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
@@ -392,11 +436,12 @@ class Lidar:
             "Velocity": wp.zeros((count, 3), dtype=float, device=d),
             "SemanticId": wp.zeros(count, dtype=wp.int32, device=d),
         }
+        src = wp.zeros(count, dtype=wp.int32, device=d)
         if count:
             _launch.launch(K.compact_kernel, n_slots, [slots, keep, index],
                            [out[k] for k in ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId",
                                              "ChannelId", "TickId", "EchoId", "TickState", "MaterialId", "ObjectId",
-                                             "HitNormal", "Velocity", "SemanticId")], device=d)
+                                             "HitNormal", "Velocity", "SemanticId")] + [src], device=d)
         out["Counts"] = wp.array([count], dtype=wp.int32, device=d)
         channels = {k: out[k] for k in chans if k in out}
         origin_ns = int(self.scene.time_origin_us * 1000) if self.scene is not None else 0
@@ -420,7 +465,7 @@ class Lidar:
             "compactionType": 1 if c.include_invalid_points else 2,
             "compensationReference": comp_ref,
         }
-        return PointCloud(channels, params)
+        return PointCloud(channels, params), src
 
     def with_config(self, **changes: Any) -> Lidar:
         """A copy of this lidar with config fields changed (same placement and scene)."""
@@ -449,6 +494,11 @@ def _alloc_slots(n: int, d) -> K.Slots:
     s.normal = wp.zeros(n, dtype=wp.vec3, device=d)
     s.velocity = wp.zeros(n, dtype=wp.vec3, device=d)
     s.semantic = wp.zeros(n, dtype=wp.int32, device=d)
+    for name in ("fire", "face", "inst", "material", "subray"):
+        setattr(s, name, wp.zeros(n, dtype=wp.int32, device=d))
+    for name in ("tau", "rep_t", "rep_s", "peak_r", "peak_s"):
+        setattr(s, name, wp.zeros(n, dtype=float, device=d))
+    s.noise = wp.zeros(n, dtype=wp.vec3, device=d)
     return s
 
 

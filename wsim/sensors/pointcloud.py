@@ -42,10 +42,17 @@ class PointCloud:
         params: frameId, timestampNs, modality, frameOfReference, coordsType, modelToAppTransform,
             frameStartTimeStampNs, frameEndTimeStampNs, frameStartPosM, frameEndPosM, frameStartOrientation,
             frameEndOrientation (x, y, z, w), maxPoints, motionCompensationState, compactionType.
+        tape: With ``render(..., requires_grad=True)``, the ``wp.Tape`` that recorded Coordinates and Intensity.
+        inputs: The differentiable inputs of that tape (their ``.grad`` after ``tape.backward``): ``poses`` (sensor
+            key poses, ``wp.transform`` at ``pose_times``), ``azimuth``/``elevation`` (emitter offsets [rad], per
+            state × emitter), ``gain`` (per emitter), ``reflectance`` (per material), ``static_points`` and
+            ``prototype_points`` (mesh vertices [m]).
     """
 
     channels: dict[str, wp.array]
     params: dict[str, Any] = field(default_factory=dict)
+    tape: Any = None
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
