@@ -36,6 +36,20 @@ def _mount(scene, name: str) -> tuple:
     return tuple(ROOF_MOUNT_M), (0.0, 0.0, 0.0, 1.0)
 
 
+def _lidar_overlay(cam, color: np.ndarray, world: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    """World points projected into the camera image (rolling-shutter solve), coloured by depth (Turbo, 0-60 m)."""
+    from wsim.sensors.topdown import turbo_colors
+
+    pix, depth, _, valid = cam.project(world, t0, t1).numpy()
+    img = color.copy()
+    h, w = img.shape[:2]
+    u = np.floor(pix[valid, 0]).astype(int)
+    v = np.floor(pix[valid, 1]).astype(int)
+    ok = (u >= 0) & (u < w) & (v >= 0) & (v < h)
+    img[v[ok], u[ok]] = turbo_colors(depth[valid][ok], 60.0)
+    return img
+
+
 def demo(args: argparse.Namespace) -> int:
     import warp as wp
     from PIL import Image
@@ -44,11 +58,12 @@ def demo(args: argparse.Namespace) -> int:
     import wsim
     from wsim.scene.transforms import quat_to_matrix
     from wsim.sensors.panorama import render_panorama
+    from wsim.sensors.lidar_config import CoordsType, FrameOfReference
     from wsim.sensors.topdown import topdown_image
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = tqdm(total=5, desc="wsim demo", unit="step", disable=args.quiet)
+    steps = tqdm(total=6, desc="wsim demo", unit="step", disable=args.quiet)
     t0 = time.perf_counter()
     scene = wsim.load_scene(args.scene)
     load_s = time.perf_counter() - t0
@@ -84,6 +99,32 @@ def demo(args: argparse.Namespace) -> int:
                            f"{t_scan:.1f} s, mean intensity {inten.mean():.3f}) -> {stem.name}.ply, "
                            f"{stem.name}_topdown.png")
         steps.update()
+        if name == "PANDAR128":
+            world_lidar = lidar.with_config(output_frame_of_reference=FrameOfReference.WORLD,
+                                            elements_coords_type=CoordsType.CARTESIAN)
+            world_points = world_lidar.render(t_scan - 0.1, t_scan).xyz()
+    # the front f-theta camera at the moving ego pose: colour, distance, semantics, and the sweep overlaid
+    steps.set_postfix_str("camera")
+    cam_id = "camera_front_wide_120fov"
+    camera_lines = []
+    if cam_id in scene.cameras:
+        cam = wsim.Camera.from_scene(scene, cam_id, width=args.width, height=args.width * 9 // 16,
+                                     device=args.device)
+        c0, c1 = t_render, t_render + 0.03  # 30 ms rolling-shutter readout
+        t0 = time.perf_counter()
+        frame = cam.render(scene, c0, c1, products=("color", "distance", "distance_colorized",
+                                                    "semantics_colorized"))
+        dt = time.perf_counter() - t0
+        color = frame.color.numpy()
+        Image.fromarray(color).save(out / "camera_front_color.png")
+        Image.fromarray(frame.distance_colorized.numpy()).save(out / "camera_front_distance.png")
+        Image.fromarray(frame.semantics_colorized.numpy()).save(out / "camera_front_semantics.png")
+        np.save(out / "camera_front_distance_m.npy", frame.distance.numpy())
+        overlay = _lidar_overlay(cam, color, world_points, c0, c1)
+        Image.fromarray(overlay).save(out / "camera_front_lidar_overlay.png")
+        camera_lines.append(f"{cam_id:<16} {cam.width}x{cam.height} rolling shutter in {dt:.2f} s -> "
+                            "camera_front_{color,distance,semantics,lidar_overlay}.png")
+    steps.update()
     steps.close()
     hit = float((pano.range_m > 0).mean())
     lines = _summary(scene) + [
@@ -93,6 +134,7 @@ def demo(args: argparse.Namespace) -> int:
         f"median range {np.median(pano.range_m[pano.range_m > 0]):.1f} m",
         f"trace rate       {pano.rays_per_second / 1e6:.2f} M closest-hit rays/s",
         *lidar_lines,
+        *camera_lines,
         f"wrote            {out}/",
     ]
     text = "\n".join(lines)
@@ -117,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--out", default="out", help="output folder (default ./out)")
     d.add_argument("--time", default=2.0, type=float, help="scene time of the render [s] (default 2.0)")
     d.add_argument("--device", default=None, help="Warp device, e.g. cpu or cuda:0 (default: Warp's default)")
+    d.add_argument("--width", default=960, type=int, help="camera image width [px] (default 960, 16:9)")
     d.add_argument("--quiet", action="store_true", help="no progress bar")
     d.set_defaults(func=demo)
     i = sub.add_parser("info", help="describe a scene")

@@ -26,3 +26,13 @@ def topdown_image(xyz: np.ndarray, values: np.ndarray, *, extent_m: float = 60.0
     rgb = wp.empty((n * n, 3), dtype=wp.uint8, device="cpu")
     wp.launch(colorize_turbo_kernel, n * n, [wp.array(img, dtype=float, device="cpu"), vmax], [rgb], device="cpu")
     return rgb.numpy().reshape(n, n, 3)
+
+
+def turbo_colors(values: np.ndarray, vmax: float) -> np.ndarray:
+    """(N, 3) uint8 Turbo colours of ``values / vmax`` (values <= 0 are black)."""
+    v = np.asarray(values, np.float32).reshape(-1)
+    rgb = wp.empty((max(len(v), 1), 3), dtype=wp.uint8, device="cpu")
+    if len(v):
+        wp.launch(colorize_turbo_kernel, len(v), [wp.array(v, dtype=float, device="cpu"), float(vmax)], [rgb],
+                  device="cpu")
+    return rgb.numpy()[: len(v)]
