@@ -37,6 +37,7 @@ import wsim  # noqa: E402
 from wsim import launch as wlaunch  # noqa: E402
 from wsim.scene import MeshData, Scene  # noqa: E402
 from wsim.scene import geometry as wgeo  # noqa: E402
+from wsim.scene.builtin import icosphere  # noqa: E402
 from wsim.scene.transforms import interpolate_pose, quat_to_matrix  # noqa: E402
 
 STREET_FILE = ROOT / "wsim" / "data" / "street_block.usdc"
@@ -64,35 +65,6 @@ therefore top out near 0.5x single-thread Embree.
 
 
 # ----------------------------------------------------------------------------------------------------------- scenes
-def _icosphere(level: int) -> tuple[np.ndarray, np.ndarray]:
-    """Unit icosphere with ``20 * 4**level`` triangles."""
-    t = (1.0 + 5.0**0.5) / 2.0
-    v = [[-1, t, 0], [1, t, 0], [-1, -t, 0], [1, -t, 0], [0, -1, t], [0, 1, t], [0, -1, -t], [0, 1, -t],
-         [t, 0, -1], [t, 0, 1], [-t, 0, -1], [-t, 0, 1]]
-    f = [[0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11], [1, 5, 9], [5, 11, 4], [11, 10, 2], [10, 7, 6],
-         [7, 1, 8], [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9], [4, 9, 5], [2, 4, 11], [6, 2, 10],
-         [8, 6, 7], [9, 8, 1]]
-    pts = [np.asarray(p, float) / np.linalg.norm(p) for p in v]
-    faces = np.asarray(f)
-    for _ in range(level):
-        cache: dict[tuple[int, int], int] = {}
-
-        def mid(a: int, b: int) -> int:
-            key = (min(a, b), max(a, b))
-            if key not in cache:
-                m = pts[a] + pts[b]
-                pts.append(m / np.linalg.norm(m))
-                cache[key] = len(pts) - 1
-            return cache[key]
-
-        nf = []
-        for a, b, c in faces:
-            ab, bc, ca = mid(a, b), mid(b, c), mid(c, a)
-            nf += [[a, ab, ca], [b, bc, ab], [c, ca, bc], [ab, bc, ca]]
-        faces = np.asarray(nf)
-    return np.asarray(pts), faces
-
-
 def _box(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p = np.array([[x, y, z] for z in (lo[2], hi[2]) for y in (lo[1], hi[1]) for x in (lo[0], hi[0])])
     f = np.array([[0, 2, 1], [1, 2, 3], [4, 5, 6], [5, 7, 6], [0, 1, 4], [1, 5, 4], [2, 6, 3], [3, 6, 7],
@@ -134,7 +106,7 @@ def synthetic_scene(seed: int = 7) -> tuple[Scene, np.ndarray]:
         add(*_box(np.array([c[0] - size[0] / 2, c[1] - size[1] / 2, z0]),
                   np.array([c[0] + size[0] / 2, c[1] + size[1] / 2, z0 + size[2]])))
         placed += 1
-    sp, sf = _icosphere(4)  # 5120 triangles
+    sp, sf = icosphere(4)  # 5120 triangles (the built-in scene's icosphere)
     for k in range(8):
         ang = 2 * np.pi * k / 8 + 0.3
         r = rng.uniform(10.0, 40.0)

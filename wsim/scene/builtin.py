@@ -156,7 +156,8 @@ def _cylinder(base, radius: float, height: float, segs: int, rings: int = 1, axi
     return _ring_grid(ring_pts, caps)
 
 
-def _icosphere(subdiv: int) -> tuple[np.ndarray, np.ndarray]:
+def icosphere(subdiv: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit icosphere with ``20 * 4**subdiv`` triangles (points (N, 3), triangles (M, 3))."""
     t = (1 + 5 ** 0.5) / 2
     p = [[-1, t, 0], [1, t, 0], [-1, -t, 0], [1, -t, 0], [0, -1, t], [0, 1, t], [0, -1, -t], [0, 1, -t],
          [t, 0, -1], [t, 0, 1], [-t, 0, -1], [-t, 0, 1]]
@@ -438,7 +439,7 @@ def _street_furniture(b: _Builder, rng: np.random.Generator) -> None:
         front, back = _prism(poly, centre, u, Z, n, 0.03)
         b.add("static", front, b.part(f"{name}/face", f"sign_face_{colour}", "traffic_sign", oid))
         b.add("static", back, b.part(f"{name}/back", "sign_back", "traffic_sign", oid))
-    sph_p, sph_t = _icosphere(3)
+    sph_p, sph_t = icosphere(3)
     k = 0
     for sgn in (1.0, -1.0):
         for x in np.arange(ROAD_X[0] + 14.0 + (6.0 if sgn < 0 else 0.0), ROAD_X[1] - 4.0, 18.0):
