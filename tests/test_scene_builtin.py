@@ -22,7 +22,6 @@ from wsim.scene.materials import decode_material_id
 from wsim.scene.scene import Scene
 from wsim.scene.transforms import quat_to_matrix
 
-pytest.importorskip("pxr")
 
 
 @pytest.fixture(scope="module")

@@ -373,8 +373,8 @@ def test_bad_input_raises_scene_error(tmp_path: Path, case: str, match: str) -> 
 
 
 def test_usd_layer_in_the_archive_gives_the_geometry(tmp_path: Path) -> None:
-    pytest.importorskip("pxr")
-    usd = pytest.importorskip("wsim.scene.usd")
+    from wsim.scene import usd
+
     assert hasattr(usd, "load_usd")
     layer = b"""#usda 1.0
 (

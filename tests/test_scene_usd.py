@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import pytest
 
-pxr = pytest.importorskip("pxr")
 from pxr import Gf, Sdf, Usd, UsdGeom, UsdShade, Vt  # noqa: E402
 
 from wsim.scene.materials import Material, encode_material_id  # noqa: E402

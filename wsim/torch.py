@@ -1,16 +1,22 @@
 """PyTorch bridge: differentiable lidar and camera renders (requires ``wsim[torch]``).
 
-Lidar: :func:`lidar_render` with :class:`LidarInputs`. Cameras: :func:`camera_distance`, :func:`project_points`,
-:func:`se3_exp`. Outputs share memory with Warp arrays (DLPack, no copy on the same device).
+Lidar: :func:`lidar_render` with :class:`LidarInputs`. Cameras: :func:`camera_distance`, :func:`project_points`.
+Poses: :func:`se3_exp`, :func:`pose_compose`, :func:`pose_interpolate`, :func:`trajectory_pose`,
+:func:`rig_frame_poses`. Outputs share memory with Warp arrays (DLPack, no copy on the same device).
 """
 
+from .autodiff.camera import (
+    camera_distance,
+    pose_compose,
+    pose_interpolate,
+    project_points,
+    rig_frame_poses,
+    se3_exp,
+    trajectory_pose,
+)
 from .autodiff.lidar import LidarInputs, lidar_render
 
-__all__ = ["LidarInputs", "lidar_render"]
-
-try:  # camera functions
-    from .autodiff.camera import camera_distance, project_points, se3_exp  # noqa: F401
-
-    __all__ += ["camera_distance", "project_points", "se3_exp"]
-except ImportError:  # pragma: no cover - camera bridge not available
-    pass
+__all__ = [
+    "LidarInputs", "camera_distance", "lidar_render", "pose_compose", "pose_interpolate", "project_points",
+    "rig_frame_poses", "se3_exp", "trajectory_pose",
+]

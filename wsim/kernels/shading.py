@@ -15,7 +15,7 @@ import warp as wp
 from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
-from .trace import SceneGeo, closest_hit
+from .trace import SceneGeo, closest_hit, hit_distance, miss
 
 
 @wp.struct
@@ -239,3 +239,112 @@ def colorize_distance_kernel(distance: wp.array2d[float], vmax: float, offset: i
         c = turbo(v / vmax)
     for k in range(3):
         out[row, col, k] = wp.uint8(int(c[k] * 255.0 + 0.5))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# differentiable DISTANCE (Camera.render(..., requires_grad=True))
+
+
+@wp.func
+def pixel_ray(lens: LensParams, shutter: int, i: int) -> wp.spatial_vector:
+    """Pixel ``i`` (row-major): relative time τ, and the camera-frame unit ray with its validity, as
+    (τ, ray x, ray y, ray z, valid, 0); both depend only on the pixel, not on the poses."""
+    w = lens.width
+    row = i / w
+    col = i - row * w
+    centre = wp.vec2(float(col) + 0.5, float(row) + 0.5)
+    tau = relative_time(shutter, lens.width, lens.height, centre)
+    r = unproject(lens, centre)
+    return wp.spatial_vector(tau, r[0], r[1], r[2], r[3], 0.0)
+
+
+@wp.kernel
+def render_raw_kernel(
+    geo: SceneGeo,
+    lens: LensParams,
+    shutter: int,
+    cam_poses: wp.array[wp.transform],
+    t0: float,
+    t1: float,
+    t_max: float,
+    offset: int,
+    distance: wp.array2d[float],
+    semantic: wp.array2d[wp.int32],
+    normal: wp.array2d[wp.vec3],
+    face: wp.array2d[wp.int32],
+    instance: wp.array2d[wp.int32],
+):
+    """The raw products of :func:`render_kernel` (same rays, same values) plus the surface each pixel sees: face index
+    (-1 for a miss or a pixel outside the lens's field of view) and instance (-1 for static geometry). Not
+    differentiated: :func:`distance_diff_kernel` recomputes DISTANCE from these surfaces."""
+    i = wp.tid() + offset
+    w = lens.width
+    row = i / w
+    col = i - row * w
+    pr = pixel_ray(lens, shutter, i)
+    tau = pr[0]
+    time = t0 + tau * (t1 - t0)
+    pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
+    origin = wp.transform_get_translation(pose)
+    rot = wp.transform_get_rotation(pose)
+    dist = float(0.0)
+    sem = int(0)
+    nrm = wp.vec3(0.0)
+    f = int(-1)
+    inst = int(-1)
+    if pr[4] > 0.0:
+        d = wp.normalize(wp.quat_rotate(rot, wp.vec3(pr[1], pr[2], pr[3])))
+        h = closest_hit(geo, origin, d, 0.0, t_max, time)
+        if h.face >= 0:
+            dist = h.t
+            sem = h.semantic
+            nrm = h.normal
+            if wp.dot(nrm, d) > 0.0:
+                nrm = -nrm
+            f = h.face
+            inst = h.instance
+    distance[row, col] = dist
+    semantic[row, col] = sem
+    normal[row, col] = nrm
+    face[row, col] = f
+    instance[row, col] = inst
+
+
+@wp.kernel
+def distance_diff_kernel(
+    geo: SceneGeo,
+    lens: LensParams,
+    shutter: int,
+    cam_poses: wp.array[wp.transform],
+    frame_times: wp.array[float],
+    face: wp.array2d[wp.int32],
+    instance: wp.array2d[wp.int32],
+    forward_distance: wp.array2d[float],
+    distance: wp.array2d[float],
+):
+    """DISTANCE recomputed from the surface :func:`render_raw_kernel` picked per pixel, differentiably w.r.t. the
+    camera's start/end poses ``cam_poses`` (camera-to-world), the frame times ``frame_times`` = (t0, t1) [s] (through
+    moving instances placed at the pixel's time) and the mesh vertices (static and prototype ``wp.Mesh`` points).
+
+    The pixel's relative time τ and its camera-frame ray are fixed (piecewise constant in every input); the distance is
+    the one along the ray from the camera centre at τ to the plane of the picked triangle. Misses stay 0 with zero
+    gradient."""
+    i = wp.tid()
+    w = lens.width
+    row = i / w
+    col = i - row * w
+    f = face[row, col]
+    out = float(0.0)
+    if f >= 0:
+        pr = pixel_ray(lens, shutter, i)
+        tau = pr[0]
+        pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
+        origin = wp.transform_get_translation(pose)
+        d = wp.normalize(wp.quat_rotate(wp.transform_get_rotation(pose), wp.vec3(pr[1], pr[2], pr[3])))
+        h = miss()
+        h.face = f
+        h.instance = instance[row, col]
+        h.t = forward_distance[row, col]
+        h.time = frame_times[0] + tau * (frame_times[1] - frame_times[0])
+        out = hit_distance(geo, h, origin, d)
+    distance[row, col] = out

@@ -188,6 +188,12 @@ class CameraFrame:
         semantic_classes: Class table (index, name, colour) of SEMANTICS_COLORIZED (all scene classes).
         vmax: Upper end [m] of the DISTANCE_COLORIZED colormap.
         start_pose, end_pose: Camera-to-world poses at t0 and t1.
+        tape: With ``render(..., requires_grad=True)``, the ``wp.Tape`` that recorded ``distance``.
+        inputs: The differentiable inputs of that tape (their ``.grad`` after ``tape.backward``): ``poses`` ((2,)
+            wp.transform camera-to-world start/end poses), ``frame_times`` ((2,) float t0, t1 [s]; gradients only
+            through moving instances), ``static_points`` (the static mesh's vertices, or None) and
+            ``prototype_points`` (one vertex array per prototype, None for an empty one). Also ``face`` and
+            ``instance``: (H, W) int32 surface picked per pixel (-1: miss / static), not differentiable.
     """
 
     width: int
@@ -204,6 +210,8 @@ class CameraFrame:
     vmax: float = 80.0
     start_pose: Pose | None = None
     end_pose: Pose | None = None
+    tape: Any = None
+    inputs: dict[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, product: CameraProduct | str) -> wp.array:
         arr = getattr(self, CameraProduct.parse(product).value)
@@ -642,7 +650,7 @@ class Camera:
 
     def render(self, scene: Any, t0: float, t1: float, products: Iterable[CameraProduct | str] = (CameraProduct.COLOR,),
                start_pose: Any = None, end_pose: Any = None, *, supersample: int = 1, vmax: float = 80.0,
-               t_max: float = 1.0e4, lighting: SunSky | None = None) -> CameraFrame:
+               t_max: float = 1.0e4, lighting: SunSky | None = None, requires_grad: bool = False) -> CameraFrame:
         """Render one frame; each pixel's ray is traced at its own rolling-shutter time with the scene at that time.
 
         Args:
@@ -654,6 +662,14 @@ class Camera:
             vmax: Upper end of DISTANCE_COLORIZED [m].
             t_max: Far limit of camera rays [m].
             lighting: Sun and sky (default :class:`SunSky`).
+            requires_grad: Record DISTANCE (always rendered then) on ``CameraFrame.tape``, a ``wp.Tape``: the
+                first pass picks the surface of each pixel, a second kernel recomputes the distance from that
+                triangle's vertices, so gradients reach ``CameraFrame.inputs`` — the start/end poses (pass a (2,)
+                ``wp.array`` of ``wp.transform`` with ``requires_grad=True`` as ``start_pose`` to own it, else one
+                is made), the frame times (through moving instances) and the mesh vertices. Each pixel's
+                rolling-shutter time and camera-frame ray are constants; misses keep 0 with zero gradient; the surface
+                a pixel sees does not change with the inputs (silhouettes are discontinuities with no gradient).
+                COLOR, SEMANTICS and NORMALS are not differentiable.
 
         Returns:
             :class:`CameraFrame` with the asked products as Warp arrays on the camera's device.
@@ -672,6 +688,10 @@ class Camera:
         geo.set_time_window(t0, t1)
         poses, p0, p1 = self._pose_array(t0, t1, start_pose, end_pose)
         d, h, w = self.device, self.height, self.width
+        if requires_grad:
+            prods.add(CameraProduct.DISTANCE)
+            if not poses.requires_grad:
+                poses = wp.array(poses.numpy(), dtype=wp.transform, device=d, requires_grad=True)
         want_color = CameraProduct.COLOR in prods
         raw = {CameraProduct.DISTANCE, CameraProduct.DISTANCE_COLORIZED, CameraProduct.SEMANTICS,
                CameraProduct.SEMANTICS_COLORIZED, CameraProduct.NORMALS}
@@ -682,11 +702,14 @@ class Camera:
         semantic = wp.empty((rh, rw), dtype=wp.int32, device=d)
         normal = wp.empty((rh, rw), dtype=wp.vec3, device=d)
         light = (lighting or SunSky()).to_warp()
-        _launch.launch(_kshade.render_kernel, h * w,
-                       [geo.geo, _shade_tables(geo), light, self._params, self.shutter.device_code, poses, t0, t1,
-                        float(t_max), int(supersample), int(want_color), int(want_raw)],
-                       [color, distance, semantic, normal], device=d)
+        if want_color or not requires_grad:
+            _launch.launch(_kshade.render_kernel, h * w,
+                           [geo.geo, _shade_tables(geo), light, self._params, self.shutter.device_code, poses, t0, t1,
+                            float(t_max), int(supersample), int(want_color), int(want_raw and not requires_grad)],
+                           [color, distance, semantic, normal], device=d)
         frame = CameraFrame(w, h, t0, t1, vmax=float(vmax), start_pose=p0, end_pose=p1)
+        if requires_grad:
+            distance = self._distance_with_tape(geo, poses, t0, t1, float(t_max), distance, semantic, normal, frame)
         if want_color:
             frame.color = color
         if CameraProduct.DISTANCE in prods:
@@ -709,6 +732,32 @@ class Camera:
             frame.semantic_classes = [SemanticClassEntry(i, n, tuple(int(c) for c in pal[i]))
                                       for i, n in enumerate(names)]
         return frame
+
+    def _distance_with_tape(self, geo: Any, poses: wp.array, t0: float, t1: float, t_max: float, distance: wp.array,
+                            semantic: wp.array, normal: wp.array, frame: CameraFrame) -> wp.array:
+        """Raw products plus the surface per pixel (one trace), then DISTANCE recomputed on a ``wp.Tape`` from those
+        surfaces; fills ``frame.tape`` / ``frame.inputs`` and returns the differentiable distance image."""
+        d, h, w = self.device, self.height, self.width
+        face = wp.empty((h, w), dtype=wp.int32, device=d)
+        inst = wp.empty((h, w), dtype=wp.int32, device=d)
+        _launch.launch(_kshade.render_raw_kernel, h * w,
+                       [geo.geo, self._params, self.shutter.device_code, poses, t0, t1, t_max],
+                       [distance, semantic, normal, face, inst], device=d)
+        times = wp.array([t0, t1], dtype=float, device=d, requires_grad=True)
+        out = wp.zeros((h, w), dtype=float, device=d, requires_grad=True)
+        tape = wp.Tape()
+        with tape:
+            wp.launch(_kshade.distance_diff_kernel, h * w,
+                      [geo.geo, self._params, self.shutter.device_code, poses, times, face, inst, distance], [out],
+                      device=d)
+        frame.tape = tape
+        frame.inputs = {
+            "poses": poses, "frame_times": times,
+            "static_points": geo.static_mesh.points if geo.static_mesh is not None else None,
+            "prototype_points": [m.points if m is not None else None for m in geo.prototype_meshes],
+            "face": face, "instance": inst,
+        }
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
