@@ -540,3 +540,35 @@ def Xform "rig"
 def test_malformed_specs_name_the_field(make, field):
     with pytest.raises(ValueError, match=field):
         make()
+
+
+DOWN = matrix_to_quat(np.array([[0.0, -1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, -1.0]]))  # camera looking down −z
+
+
+def test_texture_and_vertex_colours(device, tmp_path):
+    from PIL import Image
+
+    from wsim.sensors.camera import SunSky
+
+    # a 2×1 texture, red | blue, on a 4 m quad whose s coordinate runs along world +y
+    Image.fromarray(np.array([[[255, 0, 0], [0, 0, 255]]], np.uint8)).save(tmp_path / "rb.png")
+    p, f = quad_mesh([0.0, 0.0, 0.0], [2.0, 0, 0], [0, 2.0, 0])
+    st = np.stack([(p[:, 1] + 2) / 4, (p[:, 0] + 2) / 4], 1)
+    scene = _scene_with_parts([(p, f)], ["road"])
+    scene.materials[1].texture = str(tmp_path / "rb.png")
+    scene.static.uvs = st[f].astype(np.float32)
+    cam = Camera(_plain_pinhole(32, 32, 16.0), device=device)
+    light = SunSky(sun_elevation_deg=90.0, shadows=False)
+    img = cam.render(scene, 0, 0, (P.COLOR,), _pose([0.0, 0.0, 3.0], DOWN), lighting=light).color.numpy().astype(int)
+    # column j sees world y = −(j + 0.5 − 16)/16 · 3: columns 8–12 see s ≈ 0.63–0.87 (blue), 19–23 s ≈ 0.13–0.37 (red)
+    blue, red = img[8:24, 8:13], img[8:24, 19:24]
+    assert np.all(blue[..., 2] > blue[..., 0] + 60) and np.all(red[..., 0] > red[..., 2] + 60)
+    # vertex colours (no texture): each corner of a triangle shows its own colour
+    tri = (np.array([[-2.0, -2.0, 0], [2.0, -2.0, 0], [-2.0, 2.0, 0]]), np.array([[0, 1, 2]]))
+    scene2 = _scene_with_parts([tri], ["road"])
+    scene2.static.colors = np.eye(3, dtype=np.float32)  # vertex 0 red, 1 green, 2 blue
+    img2 = cam.render(scene2, 0, 0, (P.COLOR,), _pose([0.0, 0.0, 3.0], DOWN), lighting=light).color.numpy()
+    # world (x, y) → pixel (row, col) = (16 − x·16/3, 16 − y·16/3)
+    for (x, y), ch in (((-1.6, -1.6), 0), ((1.2, -1.6), 1), ((-1.6, 1.2), 2)):
+        r, c = int(16 - x * 16 / 3), int(16 - y * 16 / 3)
+        assert int(np.argmax(img2[r, c])) == ch, (x, y, img2[r, c])

@@ -15,6 +15,7 @@ import warp as wp
 from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
+from .texture import sample_texture
 from .trace import SceneGeo, closest_hit, hit_distance, miss
 
 
@@ -28,6 +29,8 @@ class ShadeTables:
         static_has_colors: 1 if the static mesh has vertex colours.
         inst_color_offset: Per instance, offset of its prototype's vertex colours in ``proto_colors`` (-1: none).
         proto_colors: Concatenated prototype vertex colours.
+        material_texture: Per material (texel offset, width, height, enabled) into ``texels`` (linear RGB).
+        static_uv, proto_uv: Per-corner texture coordinates (3 per triangle); ``inst_uv_offset`` per instance.
     """
 
     material_color: wp.array[wp.vec3]
@@ -35,6 +38,11 @@ class ShadeTables:
     static_has_colors: wp.int32
     inst_color_offset: wp.array[wp.int32]
     proto_colors: wp.array[wp.vec3]
+    material_texture: wp.array[wp.vec4i]
+    texels: wp.array[wp.vec3]
+    static_uv: wp.array[wp.vec2]
+    inst_uv_offset: wp.array[wp.int32]
+    proto_uv: wp.array[wp.vec2]
 
 
 @wp.struct
@@ -89,23 +97,40 @@ def sky(light: Lighting, d: wp.vec3) -> wp.vec3:
 
 
 @wp.func
+def corner_mix(a: wp.vec3, b: wp.vec3, c: wp.vec3, u: float, v: float) -> wp.vec3:
+    """Interpolate per-corner values with Warp's barycentrics (p = u·p0 + v·p1 + (1 − u − v)·p2)."""
+    return a * u + b * v + c * (1.0 - u - v)
+
+
+@wp.func
 def albedo(geo: SceneGeo, tables: ShadeTables, face: int, instance: int, material: int, u: float, v: float) -> wp.vec3:
-    """Linear diffuse colour at a hit: vertex colours where the mesh has them, else the material's base colour."""
+    """Linear diffuse colour at a hit: the material's texture through the mesh's UVs, else vertex colours where the
+    mesh has them, else the material's base colour."""
+    tex = tables.material_texture[material]
+    if tex[3] != 0:
+        base = face * 3
+        if instance >= 0:
+            base = tables.inst_uv_offset[instance] + face * 3
+            a = tables.proto_uv[base]
+            b = tables.proto_uv[base + 1]
+            c = tables.proto_uv[base + 2]
+        else:
+            a = tables.static_uv[base]
+            b = tables.static_uv[base + 1]
+            c = tables.static_uv[base + 2]
+        uv = a * u + b * v + c * (1.0 - u - v)
+        return sample_texture(tables.texels, tex, uv)
     if instance < 0:
         if tables.static_has_colors != 0:
             idx = wp.mesh_get(geo.static_mesh).indices
-            c0 = tables.static_colors[idx[face * 3]]
-            c1 = tables.static_colors[idx[face * 3 + 1]]
-            c2 = tables.static_colors[idx[face * 3 + 2]]
-            return c0 * (1.0 - u - v) + c1 * u + c2 * v
+            return corner_mix(tables.static_colors[idx[face * 3]], tables.static_colors[idx[face * 3 + 1]],
+                              tables.static_colors[idx[face * 3 + 2]], u, v)
     else:
         off = tables.inst_color_offset[instance]
         if off >= 0:
             idx = wp.mesh_get(geo.inst_mesh[instance]).indices
-            c0 = tables.proto_colors[off + idx[face * 3]]
-            c1 = tables.proto_colors[off + idx[face * 3 + 1]]
-            c2 = tables.proto_colors[off + idx[face * 3 + 2]]
-            return c0 * (1.0 - u - v) + c1 * u + c2 * v
+            return corner_mix(tables.proto_colors[off + idx[face * 3]], tables.proto_colors[off + idx[face * 3 + 1]],
+                              tables.proto_colors[off + idx[face * 3 + 2]], u, v)
     return tables.material_color[material]
 
 

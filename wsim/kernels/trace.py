@@ -29,8 +29,8 @@ class Hit:
         material_id: Encoded SimReady MaterialId.
         object_id: Stable object id.
         semantic: Semantic class index (0 = unlabeled).
-        u: Barycentric coordinate of the hit (weight of the face's second vertex).
-        v: Barycentric coordinate of the hit (weight of the face's third vertex).
+        u: Barycentric weight of the face's first vertex (Warp: p = u·p0 + v·p1 + (1 − u − v)·p2).
+        v: Barycentric weight of the face's second vertex.
         time: The ray's time [s].
     """
 

@@ -39,6 +39,7 @@ import warp as wp
 from .. import launch as _launch
 from ..kernels import lens as _klens
 from ..kernels import shading as _kshade
+from ..scene.textures import build_texture_tables
 from ..scene.scene import CameraCalibration, Scene, Trajectory
 from ..scene.transforms import decompose_matrix, quat_multiply, quat_to_matrix
 from .lens import (BivariateWindshield, FThetaLens, Lens, OpenCVFisheyeLens, OpenCVPinholeLens, lens_from_calibration,
@@ -334,6 +335,13 @@ def _shade_tables(geo: Any) -> _kshade.ShadeTables:
                                    device=d)
     t.proto_colors = wp.array(np.concatenate(chunks) if chunks else np.zeros((1, 3), np.float32), dtype=wp.vec3,
                               device=d)
+    tex = build_texture_tables(scene)
+    t.material_texture = wp.array(tex.material_texture, dtype=wp.vec4i, device=d)
+    t.texels = wp.array(tex.texels, dtype=wp.vec3, device=d)
+    t.static_uv = wp.array(tex.static_uv, dtype=wp.vec2, device=d)
+    t.proto_uv = wp.array(tex.proto_uv, dtype=wp.vec2, device=d)
+    t.inst_uv_offset = wp.array([int(tex.proto_uv_offset[i.prototype]) for i in geo.instances] or [0],
+                                dtype=wp.int32, device=d)
     _TABLES[geo] = t
     return t
 
