@@ -165,6 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("info", help="describe a scene")
     i.add_argument("scene", nargs="?", default="builtin")
     i.set_defaults(func=info)
+    sv = sub.add_parser("serve", help="run the sensorsim gRPC server (a renderer for AlpaSim)")
+    sv.add_argument("--scenes", default=None, help="folder or glob of USD stages / NuRec USDZ artifacts (default: the "
+                    "built-in scene)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sv.add_argument("--port", default=6001, type=int, help="port (default 6001)")
+    sv.add_argument("--device", default=None, help="Warp device, e.g. cpu or cuda:0 (default: Warp's default)")
+    sv.add_argument("--cache-size", default=4, type=int, help="scenes kept resident, LRU (default 4)")
+    sv.add_argument("--max-workers", default=4, type=int, help="requests served concurrently (default 4)")
+    sv.add_argument("--ego-masks", default=None, help="folder of ego masks <rig_config_id>/<camera_logical_id>.png")
+    sv.add_argument("--assets", default=None, help="folder of asset stages for edit_assets")
+    sv.add_argument("--api-version", default=None, help="grpc_api_version reported by get_version, MAJOR.MINOR.PATCH")
+    sv.set_defaults(func=lambda a: __import__("wsim.grpc.server", fromlist=["main"]).main(a))
     args = p.parse_args(argv)
     import warp as wp
 

@@ -1,0 +1,143 @@
+"""The sensorsim gRPC server: ``wsim serve`` and :class:`SensorsimServer` for embedding (tests, examples)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from .scenes import SceneStore, discover
+from .service import API_VERSION, MAX_MESSAGE_BYTES, SensorsimServicer
+from .stubs import sensorsim_pb2_grpc
+
+log = logging.getLogger("wsim.grpc")
+
+#: Seconds in-flight requests get to finish on shut_down / SIGTERM (AlpaSim's RPC deadline).
+SHUTDOWN_GRACE_S = 300.0
+
+
+def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """gRPC channel / server options for ``max_message_bytes`` messages each way (AlpaSim uses 64 MiB)."""
+    return [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes)]
+
+
+class SensorsimServer:
+    """A sensorsim server on ``host:port``.
+
+    Args:
+        scenes: Scene folder, glob or file (USD stages, NuRec USDZ artifacts); None for the built-in scene.
+        host: Address to bind (default loopback).
+        port: Port (0 picks a free one; see :attr:`port` after :meth:`start`).
+        device: Warp device ("cpu", "cuda:0"; default Warp's default device).
+        cache_size: Scenes kept resident (LRU).
+        max_workers: Threads serving requests concurrently.
+        ego_masks_dir: Folder of ego masks (``<rig_config_id>/<camera_logical_id>.png``).
+        assets_dir: Folder of asset stages for edit_assets.
+        max_message_bytes: Send / receive limit.
+        api_version: (major, minor, patch) reported by get_version.
+    """
+
+    def __init__(self, scenes: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 6001,
+                 device: str | None = None, cache_size: int = 4, max_workers: int = 4,
+                 ego_masks_dir: str | Path | None = None, assets_dir: str | Path | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 api_version: tuple[int, int, int] = API_VERSION) -> None:
+        import warp as wp
+
+        wp.init()
+        self.device = str(wp.get_device(device))
+        self.store = SceneStore(discover(None if scenes is None else str(scenes)), cache_size, self.device)
+        self.host = host
+        self.port = int(port)
+        self.servicer = SensorsimServicer(self.store, device=self.device, ego_masks_dir=ego_masks_dir,
+                                          assets_dir=assets_dir, max_message_bytes=max_message_bytes,
+                                          max_workers=max_workers, api_version=api_version,
+                                          on_shutdown=self.shutdown)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wsim-rpc"),
+                                   options=channel_options(max_message_bytes))
+        sensorsim_pb2_grpc.add_SensorsimServiceServicer_to_server(self.servicer, self._server)
+        self._stopped = threading.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> int:
+        """Bind and start serving; returns the port."""
+        bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise OSError(f"cannot bind {self.host}:{self.port}")
+        self.port = bound
+        self._server.start()
+        log.info("wsim sensorsim serving %s (device %s, scenes: %s)", self.address, self.device,
+                 ", ".join(self.store.scene_ids))
+        return bound
+
+    def preload(self) -> None:
+        """Load every scene the cache holds (the first ``cache_size``) and build its geometry."""
+        for sid in self.store.scene_ids[: self.store.cache_size]:
+            self.store.get(sid)
+
+    def shutdown(self, grace: float | None = SHUTDOWN_GRACE_S) -> None:
+        """Stop accepting requests, let in-flight ones finish (up to ``grace`` s), then stop."""
+        if self._stopped.is_set():
+            return
+        log.info("shutting down (grace %s s)", grace)
+        self._server.stop(grace).wait()
+        self._stopped.set()
+
+    stop = shutdown
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server has stopped (True) or ``timeout`` s passed (False)."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> SensorsimServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown(grace=1.0)
+
+
+def serve(scenes: str | None = None, *, host: str = "127.0.0.1", port: int = 6001, device: str | None = None,
+          cache_size: int = 4, max_workers: int = 4, ego_masks_dir: str | None = None, assets_dir: str | None = None,
+          api_version: tuple[int, int, int] = API_VERSION, preload: bool = True) -> int:
+    """Run a server until shut_down or SIGTERM / SIGINT (both graceful: in-flight requests finish)."""
+    server = SensorsimServer(scenes, host=host, port=port, device=device, cache_size=cache_size,
+                             max_workers=max_workers, ego_masks_dir=ego_masks_dir, assets_dir=assets_dir,
+                             api_version=api_version)
+    if preload:
+        server.preload()
+    server.start()
+    print(f"wsim serve: listening on {server.address} ({server.device}); scenes: {', '.join(server.store.scene_ids)}",
+          flush=True)
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        threading.Thread(target=server.shutdown, name="wsim-signal-shutdown", daemon=True).start()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    while not server.wait(0.5):
+        pass
+    return 0
+
+
+def main(args) -> int:
+    """``wsim serve`` (arguments parsed by :mod:`wsim.cli`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = API_VERSION
+    if args.api_version:
+        try:
+            api = tuple(int(v) for v in args.api_version.split("."))
+            assert len(api) == 3
+        except (ValueError, AssertionError):
+            raise ValueError(f"--api-version: expected MAJOR.MINOR.PATCH, got {args.api_version!r}") from None
+    return serve(args.scenes, host=args.host, port=args.port, device=args.device, cache_size=args.cache_size,
+                 max_workers=args.max_workers, ego_masks_dir=args.ego_masks, assets_dir=args.assets, api_version=api)
