@@ -16,7 +16,7 @@ from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
-from .trace import SceneGeo, closest_hit, hit_distance, miss
+from .trace import Hit, SceneGeo, closest_hit, hit_distance, miss
 
 
 @wp.struct
@@ -169,6 +169,23 @@ def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.ve
     return wp.cw_mul(a, direct + amb)
 
 
+@wp.func
+def pixel_hit(geo: SceneGeo, origin: wp.vec3, rot: wp.quat, ray: wp.vec4, t_max: float, time: float) -> Hit:
+    """The surface a pixel sees: ``ray`` = camera-frame direction and validity (from ``unproject``). Misses and rays
+    outside the lens's field of view give t = 0, semantic 0, normal 0, face and instance −1; the normal of a hit is
+    turned toward the camera."""
+    h = miss()
+    h.normal = wp.vec3(0.0)
+    if ray[3] > 0.0:
+        d = wp.normalize(wp.quat_rotate(rot, wp.vec3(ray[0], ray[1], ray[2])))
+        hit = closest_hit(geo, origin, d, 0.0, t_max, time)
+        if hit.face >= 0:
+            h = hit
+            if wp.dot(h.normal, d) > 0.0:
+                h.normal = -h.normal
+    return h
+
+
 @wp.kernel
 def render_kernel(
     geo: SceneGeo,
@@ -203,22 +220,10 @@ def render_kernel(
     origin = wp.transform_get_translation(pose)
     rot = wp.transform_get_rotation(pose)
     if want_raw != 0:
-        r = unproject(lens, centre)
-        dist = float(0.0)
-        sem = int(0)
-        nrm = wp.vec3(0.0)
-        if r[3] > 0.0:
-            d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
-            h = closest_hit(geo, origin, d, 0.0, t_max, time)
-            if h.face >= 0:
-                dist = h.t
-                sem = h.semantic
-                nrm = h.normal
-                if wp.dot(nrm, d) > 0.0:
-                    nrm = -nrm
-        distance[row, col] = dist
-        semantic[row, col] = sem
-        normal[row, col] = nrm
+        h = pixel_hit(geo, origin, rot, unproject(lens, centre), t_max, time)
+        distance[row, col] = h.t
+        semantic[row, col] = h.semantic
+        normal[row, col] = h.normal
     if want_color != 0:
         acc = wp.vec3(0.0)
         inv = 1.0 / float(supersample)
@@ -312,27 +317,12 @@ def render_raw_kernel(
     pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
     origin = wp.transform_get_translation(pose)
     rot = wp.transform_get_rotation(pose)
-    dist = float(0.0)
-    sem = int(0)
-    nrm = wp.vec3(0.0)
-    f = int(-1)
-    inst = int(-1)
-    if pr[4] > 0.0:
-        d = wp.normalize(wp.quat_rotate(rot, wp.vec3(pr[1], pr[2], pr[3])))
-        h = closest_hit(geo, origin, d, 0.0, t_max, time)
-        if h.face >= 0:
-            dist = h.t
-            sem = h.semantic
-            nrm = h.normal
-            if wp.dot(nrm, d) > 0.0:
-                nrm = -nrm
-            f = h.face
-            inst = h.instance
-    distance[row, col] = dist
-    semantic[row, col] = sem
-    normal[row, col] = nrm
-    face[row, col] = f
-    instance[row, col] = inst
+    h = pixel_hit(geo, origin, rot, wp.vec4(pr[1], pr[2], pr[3], pr[4]), t_max, time)
+    distance[row, col] = h.t
+    semantic[row, col] = h.semantic
+    normal[row, col] = h.normal
+    face[row, col] = h.face
+    instance[row, col] = h.instance
 
 
 @wp.kernel
