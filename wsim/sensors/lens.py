@@ -245,8 +245,28 @@ class FThetaLens(_Lens):
         return p
 
 
+class _OpenCVIntrinsics:
+    """Principal point and focal lengths [px] shared by the OpenCV lens models."""
+
+    def rescaled(self, width: int, height: int):
+        """This lens at another resolution (principal point and focal lengths × s per axis)."""
+        width, height = _resolution(width, height)
+        sx, sy = width / self.width, height / self.height
+        return replace(self, width=width, height=height, principal_point_x=self.principal_point_x * sx,
+                       principal_point_y=self.principal_point_y * sy, focal_length_x=self.focal_length_x * sx,
+                       focal_length_y=self.focal_length_y * sy)
+
+
+def _check_focal(lens) -> None:
+    for name in ("principal_point_x", "principal_point_y", "focal_length_x", "focal_length_y"):
+        object.__setattr__(lens, name, _finite(name, getattr(lens, name)))
+    for name in ("focal_length_x", "focal_length_y"):
+        if getattr(lens, name) <= 0:
+            raise ValueError(f"{name}: must be positive, got {getattr(lens, name)}")
+
+
 @dataclass(frozen=True)
-class OpenCVPinholeLens(_Lens):
+class OpenCVPinholeLens(_OpenCVIntrinsics, _Lens):
     """OpenCV pinhole lens with rational radial, tangential and thin-prism distortion (``OpenCVPinholeCameraParam``).
 
     Attributes:
@@ -270,22 +290,10 @@ class OpenCVPinholeLens(_Lens):
     def __post_init__(self) -> None:
         _resolution(self.width, self.height)
         set_ = object.__setattr__
-        for name in ("principal_point_x", "principal_point_y", "focal_length_x", "focal_length_y"):
-            set_(self, name, _finite(name, getattr(self, name)))
-        for name in ("focal_length_x", "focal_length_y"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        _check_focal(self)
         set_(self, "radial_coeffs", _floats("radial_coeffs", self.radial_coeffs, counts=(0, 3, 6)))
         set_(self, "tangential_coeffs", _floats("tangential_coeffs", self.tangential_coeffs, counts=(0, 2)))
         set_(self, "thin_prism_coeffs", _floats("thin_prism_coeffs", self.thin_prism_coeffs, counts=(0, 4)))
-
-    def rescaled(self, width: int, height: int) -> OpenCVPinholeLens:
-        """This lens at another resolution (principal point and focal lengths × s per axis)."""
-        width, height = _resolution(width, height)
-        sx, sy = width / self.width, height / self.height
-        return replace(self, width=width, height=height, principal_point_x=self.principal_point_x * sx,
-                       principal_point_y=self.principal_point_y * sy, focal_length_x=self.focal_length_x * sx,
-                       focal_length_y=self.focal_length_y * sy)
 
     @property
     def dist_coeffs(self) -> np.ndarray:
@@ -314,7 +322,7 @@ class OpenCVPinholeLens(_Lens):
 
 
 @dataclass(frozen=True)
-class OpenCVFisheyeLens(_Lens):
+class OpenCVFisheyeLens(_OpenCVIntrinsics, _Lens):
     """OpenCV fisheye (equidistant with θ-polynomial) lens (``OpenCVFisheyeCameraParam``).
 
     Attributes:
@@ -337,20 +345,9 @@ class OpenCVFisheyeLens(_Lens):
     def __post_init__(self) -> None:
         _resolution(self.width, self.height)
         set_ = object.__setattr__
-        for name in ("principal_point_x", "principal_point_y", "focal_length_x", "focal_length_y", "max_angle"):
-            set_(self, name, _finite(name, getattr(self, name)))
-        for name in ("focal_length_x", "focal_length_y"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        _check_focal(self)
+        set_(self, "max_angle", _finite("max_angle", self.max_angle))
         set_(self, "radial_coeffs", _floats("radial_coeffs", self.radial_coeffs, counts=(0, 4)))
-
-    def rescaled(self, width: int, height: int) -> OpenCVFisheyeLens:
-        """This lens at another resolution (principal point and focal lengths × s per axis)."""
-        width, height = _resolution(width, height)
-        sx, sy = width / self.width, height / self.height
-        return replace(self, width=width, height=height, principal_point_x=self.principal_point_x * sx,
-                       principal_point_y=self.principal_point_y * sy, focal_length_x=self.focal_length_x * sx,
-                       focal_length_y=self.focal_length_y * sy)
 
     def _delta(self, th: np.ndarray) -> np.ndarray:
         k = _pad(self.radial_coeffs, 4)
