@@ -158,6 +158,8 @@ def trajectory_pose(trajectory: Any, t: torch.Tensor | float) -> torch.Tensor:
     t = torch.as_tensor(t, dtype=like.dtype, device=like.device)
     times, poses = _trajectory_tensors(trajectory, like)
     tv = float(t.detach())
+    if not np.isfinite(tv):
+        raise ValueError(f"t: time must be finite, got {tv}")
     if len(times) == 1 or tv <= times[0]:
         return _normalized(poses[0])
     if tv >= times[-1]:

@@ -128,6 +128,15 @@ class _LidarRender(torch.autograd.Function):
         return (None, None, None, None, None, *out)
 
 
+def point_cloud_of(coords: torch.Tensor) -> Any:
+    """The :class:`wsim.PointCloud` behind the ``coords`` returned by :func:`lidar_render` (its id channels, e.g.
+    TickId and EmitterId to match returns between renders, and params). Needs an input that requires grad."""
+    fn = getattr(coords, "grad_fn", None)
+    if fn is None or not hasattr(fn, "pc"):
+        raise ValueError("coords: not an output of lidar_render with inputs that require grad")
+    return fn.pc
+
+
 def lidar_render(lidar: Lidar, t0: float, t1: float, inputs: LidarInputs | None = None, *,
                  scene: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable lidar render.
@@ -141,7 +150,8 @@ def lidar_render(lidar: Lidar, t0: float, t1: float, inputs: LidarInputs | None 
     Returns:
         ``coords`` (3, N) float32 — Coordinates, component-first, in the lidar's output frame and representation —
         and ``intensity`` (N,) float32, on the lidar's device, sharing memory with the point cloud's Warp arrays.
-        Gradients flow to every tensor of ``inputs`` with ``requires_grad``. Returns are selected by a
+        Gradients flow to every tensor of ``inputs`` with ``requires_grad``; :func:`point_cloud_of` gives the point
+        cloud (id channels, params) behind ``coords``. Returns are selected by a
         non-differentiable pass: a return appearing or disappearing (silhouettes, range limits, detection threshold,
         echo splits) is a discontinuity the gradient does not see.
     """

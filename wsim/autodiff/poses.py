@@ -27,6 +27,7 @@ __all__ = [
     "inverse",
     "retract",
     "rig_sensor_keys",
+    "trajectory_at",
     "rotation_angle_deg",
     "pose_errors",
 ]
@@ -143,6 +144,27 @@ def rig_sensor_keys(rig, mount_t: torch.Tensor, mount_q: torch.Tensor, t0: float
     rq = as_tensor(rig.rotations[sel], like=mount_q)
     tr, q = compose(rt, rq, mount_t.expand(rt.shape), mount_q.expand(rq.shape))
     return times[sel].copy(), tr, q
+
+
+def trajectory_at(times, translations: torch.Tensor, rotations: torch.Tensor,
+                  t: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Poses at times ``t`` (N,) from key poses, as the renderers interpolate them: translation lerp, rotation
+    shortest-arc slerp, clamped at the ends. Differentiable w.r.t. the keys (and ``t``)."""
+    translations = torch.as_tensor(translations)
+    rotations = torch.as_tensor(rotations, dtype=translations.dtype)
+    tk = torch.as_tensor(np.asarray(times, np.float64), dtype=translations.dtype)
+    t = torch.as_tensor(t, dtype=translations.dtype).reshape(-1)
+    if len(tk) == 1:
+        n = t.shape[0]
+        return translations[0].expand(n, 3), rotations[0].expand(n, 4)
+    tc = t.clamp(tk[0], tk[-1])
+    i = (torch.searchsorted(tk, tc.detach(), right=True) - 1).clamp(0, len(tk) - 2)
+    s = ((tc - tk[i]) / (tk[i + 1] - tk[i]))[:, None]
+    tr = (1 - s) * translations[i] + s * translations[i + 1]
+    q0, q1 = rotations[i], rotations[i + 1]
+    q1 = torch.where((q0 * q1).sum(-1, keepdim=True) < 0, -q1, q1)
+    rel = so3_log(quat_multiply(quat_conjugate(q0), q1))
+    return tr, quat_multiply(q0, so3_exp(s * rel))
 
 
 def rotation_angle_deg(qa: torch.Tensor | np.ndarray, qb: torch.Tensor | np.ndarray) -> float:
