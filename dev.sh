@@ -14,7 +14,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   python -m pip install -q --upgrade pip
   # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build where a CPU build is wanted
   python -m pip show torch >/dev/null 2>&1 || python -m pip install -q "torch==${WSIM_TORCH_VERSION:-2.13.0}"
-  python -m pip install -q -e ".[test,bench]"
+  python -m pip install -q -e ".[test]"
   touch "$stamp"
 fi
 cmd=${1:-}
@@ -22,6 +22,6 @@ cmd=${1:-}
 case "$cmd" in
   demo) exec wsim demo "$@" ;;
   test) exec python -m pytest "$@" ;;
-  bench) exec python "benchmarks/${1:-raycast}.py" "${@:2}" ;;
+  bench) python -m pip install -q -e ".[bench]" && exec python "benchmarks/${1:-raycast}.py" "${@:2}" ;;
   *) echo "usage: ./dev.sh demo|test|bench [args]" >&2; exit 2 ;;
 esac
