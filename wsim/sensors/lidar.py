@@ -7,7 +7,6 @@ trace against the scene at that time → echoes → intensity and detection → 
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -502,6 +501,18 @@ def _alloc_slots(n: int, d) -> K.Slots:
     return s
 
 
+def _common_prim_path(paths: list[str]) -> str:
+    """The deepest prim path shared by all ``paths`` (a mesh and its GeomSubsets → the mesh)."""
+    if len(paths) == 1:
+        return paths[0]
+    common: list[str] = []
+    for comps in zip(*(p.split("/") for p in paths)):
+        if any(c != comps[0] for c in comps):
+            break
+        common.append(comps[0])
+    return "/".join(common) or paths[0]
+
+
 def object_id_tables(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
     """ObjectId tables: (max object id + 1, 3) uint32 — a stable 96-bit hash (BLAKE2b) of each object's prim path —
     and (n_parts,) uint32 — each part's number within its object (GeomSubset order)."""
@@ -514,11 +525,7 @@ def object_id_tables(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
     size = max([0, *names.keys()]) + 1
     table = np.zeros((size, 3), np.uint32)
     for oid, ns in names.items():
-        path = os.path.commonprefix(ns) if len(ns) > 1 else ns[0]
-        if len(ns) > 1 and "/" in path:
-            path = path[: path.rstrip("/").rfind("/")] if not all(n.startswith(path + "/") or n == path
-                                                                  for n in ns) else path
-        digest = hashlib.blake2b(path.encode(), digest_size=12).digest()
+        digest = hashlib.blake2b(_common_prim_path(ns).encode(), digest_size=12).digest()
         table[oid] = np.frombuffer(digest, dtype="<u4")
     part_number = np.zeros(len(scene.parts), np.uint32)
     groups: dict[Any, int] = {}
