@@ -160,3 +160,20 @@ def test_ray_count_mismatch_is_an_error():
     geo = SceneGeometry(_static_scene(p, f), "cpu")
     with pytest.raises(ValueError, match="directions"):
         geo.trace(np.zeros((3, 3)), np.ones((2, 3)))
+
+
+def test_geometry_view_with_other_instance_keys_shares_meshes(device):
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.prototypes.append(MeshData(bp, bf, 0))
+    ident = [0, 0, 0, 1.0]
+    s.instances.append(Instance(0, [0.0], [[10, 0, 0]], [ident]))
+    base = SceneGeometry(s, device)
+    moved = Instance(0, [0.0, 1.0], [[20, 0, 0], [30, 0, 0]], [ident, ident])
+    view = base.with_instances(s, [moved], (0.0, 1.0))
+    assert view.prototype_meshes[0] is base.prototype_meshes[0]  # no BLAS rebuild
+    h_view = view.trace([[0, 0, 0]], [[1, 0, 0]], 0.5).numpy()
+    h_base = base.trace([[0, 0, 0]], [[1, 0, 0]], 0.5).numpy()
+    np.testing.assert_allclose([h_view["t"][0], h_base["t"][0]], [24.5, 9.5], atol=1e-4)  # base unchanged
+    with pytest.raises(ValueError, match="instances"):
+        base.with_instances(s, [], None)

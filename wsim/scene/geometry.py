@@ -92,23 +92,11 @@ class SceneGeometry:
                                  device=d)
         geo.inst_part_offset = wp.array([int(proto_offsets[i.prototype]) for i in insts] or [0], dtype=wp.int32,
                                         device=d)
-        counts = [len(i.times) for i in insts]
-        starts = np.cumsum([0] + counts[:-1]).astype(np.int32) if n else np.zeros(1, np.int32)
-        geo.inst_key_start = wp.array(starts, dtype=wp.int32, device=d)
-        geo.inst_key_count = wp.array(counts or [0], dtype=wp.int32, device=d)
+        self._upload_keys(geo)
         geo.inst_object = wp.array([i.object_id for i in insts] or [0], dtype=wp.int32, device=d)
         geo.inst_semantic = wp.array([i.semantic_class for i in insts] or [0], dtype=wp.int32, device=d)
         geo.proto_tri_part = wp.array(proto_parts, dtype=wp.int32, device=d)
 
-        def cat(attr: str, width: int) -> np.ndarray:
-            if not n:
-                return np.zeros((1, width), np.float32)
-            return np.concatenate([np.asarray(getattr(i, attr)).reshape(-1, width) for i in insts]).astype(np.float32)
-
-        geo.key_time = wp.array(cat("times", 1).reshape(-1), dtype=float, device=d)
-        geo.key_pos = wp.array(cat("translations", 3), dtype=wp.vec3, device=d)
-        geo.key_rot = wp.array(cat("rotations", 4), dtype=wp.quat, device=d)
-        geo.key_scale = wp.array(cat("scales", 3), dtype=wp.vec3, device=d)
         geo.part_material = wp.array([p.material for p in scene.parts], dtype=wp.int32, device=d)
         geo.part_object = wp.array([p.object_id for p in scene.parts], dtype=wp.int32, device=d)
         geo.part_semantic = wp.array([p.semantic_class for p in scene.parts], dtype=wp.int32, device=d)
@@ -118,17 +106,68 @@ class SceneGeometry:
             (scene.prototypes[i.prototype].points.min(0).astype(np.float64),
              scene.prototypes[i.prototype].points.max(0).astype(np.float64)) for i in insts
         ]
+        self._build_tlas(geo, None)
+        self.geo = geo
+
+    def _upload_keys(self, geo: _trace.SceneGeo) -> None:
+        """Upload the instances' transform keys (times, translations, rotations, scales) into ``geo``."""
+        d, insts = self.device, self.instances
+        counts = [len(i.times) for i in insts]
+        geo.inst_key_start = wp.array(np.cumsum([0] + counts[:-1]).astype(np.int32) if insts else [0],
+                                      dtype=wp.int32, device=d)
+        geo.inst_key_count = wp.array(counts or [0], dtype=wp.int32, device=d)
+
+        def cat(attr: str, width: int) -> np.ndarray:
+            if not insts:
+                return np.zeros((1, width), np.float32)
+            return np.concatenate([np.asarray(getattr(i, attr)).reshape(-1, width) for i in insts]).astype(np.float32)
+
+        geo.key_time = wp.array(cat("times", 1).reshape(-1), dtype=float, device=d)
+        geo.key_pos = wp.array(cat("translations", 3), dtype=wp.vec3, device=d)
+        geo.key_rot = wp.array(cat("rotations", 4), dtype=wp.quat, device=d)
+        geo.key_scale = wp.array(cat("scales", 3), dtype=wp.vec3, device=d)
+
+    def _build_tlas(self, geo: _trace.SceneGeo, window: tuple[float, float] | None) -> None:
+        """The top-level BVH over the instances' bounds swept over ``window`` [s] (None: all key times)."""
         self.tlas = None
-        self.time_window: tuple[float, float] | None = None
-        if n:
-            lo, hi = self._swept_bounds(None)
-            self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=d)
-            self._tlas_uppers = wp.array(hi, dtype=wp.vec3, device=d)
+        self.time_window = window
+        if self.instances:
+            lo, hi = self._swept_bounds(window)
+            self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=self.device)
+            self._tlas_uppers = wp.array(hi, dtype=wp.vec3, device=self.device)
             self.tlas = wp.Bvh(self._tlas_lowers, self._tlas_uppers)
             geo.tlas = self.tlas.id
         else:
             geo.tlas = wp.uint64(0)
-        self.geo = geo
+
+    def with_instances(self, scene: Scene, instances: list, window: tuple[float, float] | None = None
+                       ) -> SceneGeometry:
+        """A geometry sharing this one's meshes (no BLAS rebuild) whose instances carry other transform keys — the
+        same prototypes in the same order as :attr:`instances` — with its own key arrays and top-level BVH.
+        For per-request overrides of moving objects; this geometry is not modified.
+
+        Args:
+            scene: The scene the view belongs to (its instance list holds ``instances``).
+            instances: One instance per entry of :attr:`instances`.
+            window: Time window [s] of the view's top-level bounds (None: all key times).
+        """
+        if len(instances) != len(self.instances) or any(
+                a.prototype != b.prototype for a, b in zip(instances, self.instances)):
+            raise ValueError("instances: one per instance of the base geometry, same prototypes and order")
+        view = object.__new__(SceneGeometry)
+        view.scene, view.device = scene, self.device
+        view.static_mesh, view.prototype_meshes = self.static_mesh, self.prototype_meshes
+        view._keep = [self]  # the meshes' owner lives as long as the view
+        view.instances = list(instances)
+        view._local_bounds = self._local_bounds
+        geo = _trace.SceneGeo()
+        for name in _trace.SceneGeo.vars:
+            setattr(geo, name, getattr(self.geo, name))
+        if any(a is not b for a, b in zip(view.instances, self.instances)):
+            view._upload_keys(geo)
+        view._build_tlas(geo, window)
+        view.geo = geo
+        return view
 
     @property
     def num_triangles(self) -> int:
