@@ -12,6 +12,7 @@ never a BLAS rebuild; concurrent requests therefore never share a mutable top le
 from __future__ import annotations
 
 import dataclasses
+
 import numpy as np
 
 from ..scene.scene import Instance, Scene
