@@ -496,3 +496,19 @@ def test_emitter_offsets_distance_correction_and_quantization(device):
     np.testing.assert_allclose(xyz[0], [40.0, 0.0, 0.5], atol=1e-4)
     # emitter 1 fires along +y from 0.2 m out along its own azimuth: wall at y = 25 → range 24.8 → 24.75 quantised
     np.testing.assert_allclose(xyz[1], [0.0, 0.2 + 24.75, 0.0], atol=1e-4)
+
+
+def test_config_overrides_accept_tokens_and_name_bad_ones():
+    lid = Lidar.preset("PANDAR128", scene=box_room_scene(ROOM_LO, ROOM_HI), trajectory=STATIC,
+                       output_frame_of_reference="WORLD", elements_coords_type="CARTESIAN", ray_type="UNIFORM_BEAM")
+    from wsim.sensors.lidar_config import CoordsType, FrameOfReference
+
+    assert lid.config.output_frame_of_reference is FrameOfReference.WORLD
+    assert lid.config.elements_coords_type is CoordsType.CARTESIAN and lid.config.ray_type is RayType.UNIFORM_BEAM
+    assert lid.with_config(max_returns=2).config.max_returns == 2
+    with pytest.raises(LidarConfigError, match="output_frame_of_reference: unknown token 'MOON'"):
+        lid.with_config(output_frame_of_reference="MOON")
+    with pytest.raises(LidarConfigError, match="unknown lidar setting 'colour'"):
+        Lidar.preset("AT128", colour="red")
+    with pytest.raises(LidarConfigError, match="scanRateBaseHz"):
+        lid.with_config(scan_rate_base_hz=0.1)

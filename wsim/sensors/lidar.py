@@ -7,7 +7,6 @@ trace against the scene at that time → echoes → intensity and detection → 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -467,11 +466,13 @@ class Lidar:
         return PointCloud(channels, params), src
 
     def with_config(self, **changes: Any) -> Lidar:
-        """A copy of this lidar with config fields changed (same placement and scene)."""
-        cfg = replace(self.config, **changes)
-        cfg.validate()
+        """A copy of this lidar with config fields changed (same placement, scene, channels and, when the emitter
+        count is unchanged, gain); enum fields accept tokens (``output_frame_of_reference="WORLD"``)."""
+        cfg = self.config.replace(**changes)
         out = Lidar(config=cfg, scene=self.scene, trajectory=self.trajectory, channels=self.channels,
                     device=str(self.device))
+        if cfg.number_of_emitters == self.config.number_of_emitters:
+            out.gain = self.gain.copy()
         return out
 
 

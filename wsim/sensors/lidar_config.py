@@ -5,6 +5,7 @@ Attribute names, types and defaults follow the RTX "Lidar generic core model"; s
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -159,6 +160,23 @@ class LidarConfig:
         if self.scan_type is ScanType.SOLID_STATE:
             return 1
         return int(np.ceil(self.pattern_firing_rate_hz / self.scan_rate_base_hz - 1e-9))
+
+    def replace(self, **changes: Any) -> LidarConfig:
+        """A validated copy with fields changed; enum fields accept their tokens (``ray_type="GAUSSIAN_BEAM"``).
+
+        Raises:
+            LidarConfigError: An unknown field, a bad token or an invalid combination (names the attribute).
+        """
+        kinds = {f.name: f.metadata.get("kind") for f in fields(self)}
+        values = {}
+        for name, value in changes.items():
+            if name not in kinds or name in ("emitter_states", "name"):
+                raise LidarConfigError(f"unknown lidar setting {name!r}")
+            kind = kinds[name]
+            values[name] = value if kind is None or isinstance(value, Enum) else _convert(value, kind, name)
+        cfg = dataclasses.replace(self, **values)
+        cfg.validate()
+        return cfg
 
     # ------------------------------------------------------------------ parsing
     @classmethod

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .lidar_config import EmitterState, LidarConfig, RayType, ScanType
+from .lidar_config import EmitterState, LidarConfig, ScanType
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DEVICES = DATA / "devices"
@@ -99,14 +99,7 @@ def preset(name: str, **overrides) -> LidarConfig:
 
 
 def _apply(cfg: LidarConfig, overrides: dict) -> LidarConfig:
-    for k, v in overrides.items():
-        if not hasattr(cfg, k) or k == "emitter_states":
-            raise ValueError(f"unknown lidar setting {k!r}")
-        if k == "ray_type" and isinstance(v, str):
-            v = RayType(v)
-        setattr(cfg, k, v)
-    cfg.validate()
-    return cfg
+    return cfg.replace(**overrides) if overrides else cfg
 
 
 def write_preset_files() -> list[Path]:
