@@ -1,0 +1,93 @@
+"""Variant registry: name -> (build(points, faces) -> data, run(data, o, d, t_out, f_out))."""
+from __future__ import annotations
+
+import numpy as np
+
+import bvhw
+import trace4
+from common import wp
+
+MAX_T = 1.0e6
+
+
+def _upload4(w):
+    nw = w["n_nodes"]
+    return dict(
+        boxes=wp.array(w["boxes"].reshape(nw * 6, 4), dtype=wp.vec4, device="cpu"),
+        child=wp.array(w["child"], dtype=wp.vec4i, device="cpu"),
+        v0=wp.array(w["v0"], dtype=wp.vec3, device="cpu"),
+        e1=wp.array(w["e1"], dtype=wp.vec3, device="cpu"),
+        e2=wp.array(w["e2"], dtype=wp.vec3, device="cpu"),
+        fid=wp.array(w["fid"], dtype=wp.int32, device="cpu"),
+        w=w,
+    )
+
+
+def b_bvh4(bin_leaf=2, max_leaf=4):
+    def f(pts, fac):
+        w, _ = bvhw.build(pts, fac, width=4, bin_leaf=bin_leaf, max_leaf=max_leaf)
+        return _upload4(w)
+    return f
+
+
+def r_bvh4(g, o, d, t_out, f_out):
+    wp.launch(trace4.trace_bvh4, len(o), inputs=[g["boxes"], g["child"], g["v0"], g["e1"], g["e2"], g["fid"], MAX_T,
+                                                   o, d, t_out, f_out], device="cpu")
+
+
+VARIANTS = {
+    "bvh4": (b_bvh4(2, 4), r_bvh4),
+    "bvh4_l2": (b_bvh4(2, 2), r_bvh4),
+    "bvh4_l8": (b_bvh4(2, 8), r_bvh4),
+}
+
+
+def b_bvh4_tri4(bin_leaf=2, max_leaf=4):
+    def f(pts, fac):
+        w, _ = bvhw.build(pts, fac, width=4, bin_leaf=bin_leaf, max_leaf=max_leaf)
+        p = bvhw.pack_tri4(w)
+        nw = w["n_nodes"]
+        return dict(boxes=wp.array(w["boxes"].reshape(nw * 6, 4), dtype=wp.vec4, device="cpu"),
+                    child=wp.array(p["child"], dtype=wp.vec4i, device="cpu"),
+                    tri=wp.array(p["tri"].reshape(-1, 4), dtype=wp.vec4, device="cpu"),
+                    fid4=wp.array(p["fid4"], dtype=wp.vec4i, device="cpu"))
+    return f
+
+
+def r_bvh4_tri4(g, o, d, t_out, f_out):
+    wp.launch(trace4.trace_bvh4_tri4, len(o), inputs=[g["boxes"], g["child"], g["tri"], g["fid4"], MAX_T,
+                                                        o, d, t_out, f_out], device="cpu")
+
+
+VARIANTS.update({
+    "bvh4_tri4": (b_bvh4_tri4(2, 4), r_bvh4_tri4),
+    "bvh4_tri4_l8": (b_bvh4_tri4(2, 8), r_bvh4_tri4),
+    "bvh4_tri4_b4l4": (b_bvh4_tri4(4, 4), r_bvh4_tri4),
+})
+
+
+import trace_native  # noqa: E402
+
+
+def b_native(width, bin_leaf=2, max_leaf=4):
+    def f(pts, fac):
+        w, _ = bvhw.build(pts, fac, width=width, bin_leaf=bin_leaf, max_leaf=max_leaf)
+        return dict(width=width, boxes=wp.array(w["boxes"].reshape(-1), dtype=float, device="cpu"),
+                    child=wp.array(w["child"].reshape(-1), dtype=wp.int32, device="cpu"),
+                    v0=wp.array(w["v0"], dtype=wp.vec3, device="cpu"),
+                    e1=wp.array(w["e1"], dtype=wp.vec3, device="cpu"),
+                    e2=wp.array(w["e2"], dtype=wp.vec3, device="cpu"),
+                    fid=wp.array(w["fid"], dtype=wp.int32, device="cpu"))
+    return f
+
+
+def r_native(g, o, d, t_out, f_out):
+    wp.launch(trace_native.KERNELS[g["width"]], len(o), inputs=[g["boxes"], g["child"], g["v0"], g["e1"], g["e2"],
+                                                                 g["fid"], MAX_T, o, d, t_out, f_out], device="cpu")
+
+
+VARIANTS.update({
+    "native4": (b_native(4), r_native),
+    "native8": (b_native(8), r_native),
+    "native8_l8": (b_native(8, 2, 8), r_native),
+})
