@@ -38,6 +38,7 @@ from wsim import launch as wlaunch  # noqa: E402
 from wsim.scene import MeshData, Scene  # noqa: E402
 from wsim.scene import geometry as wgeo  # noqa: E402
 from wsim.scene.builtin import icosphere  # noqa: E402
+from wsim.scene.widebvh import build_wide_bvh  # noqa: E402
 from wsim.scene.transforms import interpolate_pose, quat_to_matrix  # noqa: E402
 
 STREET_FILE = ROOT / "wsim" / "data" / "street_block.usdc"
@@ -57,10 +58,12 @@ Synthetic scene (504,642 triangles), lidar rays as above. Run-to-run spread on t
 | triangle order (as generated / shuffled / Morton-sorted triangles / + vertices renumbered) | 1.80 / 1.78 / 1.84 / 1.83 Mrays/s: memory layout is not the bottleneck; no reordering. |
 | CPU shards for 2 threads (2 / 4 / 8 / 16) | 3.19 / 3.27 / 3.32 / 3.39 Mrays/s: the current 8 shards per thread (16) kept. |
 | bare `wp.mesh_query_ray` writing only t, against the full Hit-record kernel | about 1.78 vs 1.68 Mrays/s (about 5 %): not worth a second kernel. |
+| 8-wide BVH (Warp's binary SAH tree collapsed, leaves of ≤ 4 triangles) traversed by a native snippet with 8-lane box tests (`wsim/kernels/widebvh.py`), against `mesh_query_ray` | about 3.2× per thread (`benchmarks/wide_bvh/`): adopted for static meshes on the CPU; `WSIM_WIDE_BVH=0` switches it off. |
 
-The per-core limit is Warp's scalar binary-BVH traversal (`mesh_query_ray`, watertight triangle test, about 1.7-2.0
-Mrays/s per core); Embree's SIMD 4/8-wide BVH reaches 6.5-8.7 Mrays/s on one core. Two perfectly scaling cores
-therefore top out near 0.5x single-thread Embree.
+With Warp's scalar binary-BVH traversal (`mesh_query_ray`, about 1.7-2.0 Mrays/s per core) two cores top out near
+0.5x single-thread Embree (SIMD 4/8-wide BVH, 6.5-8.7 Mrays/s); the 8-wide traversal for static meshes on the CPU
+reaches about 5 Mrays/s per core, about 1-1.3x single-thread Embree on two cores. Instanced prototypes still use
+`mesh_query_ray`.
 """
 
 
@@ -177,7 +180,8 @@ def best_of(fn, reps: int, sync=None) -> float:
 
 # ---------------------------------------------------------------------------------------------------------- engines
 def wsim_build_time(scene: Scene, device: str, ctor: str | None, reps: int) -> float:
-    """Build time [s] of the static ``wp.Mesh`` (points/indices already on the device)."""
+    """Build time [s] of the static ``wp.Mesh`` (points/indices already on the device) plus, on the CPU, the
+    8-wide BVH the tracer uses."""
     d = wp.get_device(device)
     pts = wp.array(scene.static.points, dtype=wp.vec3, device=d)
     idx = wp.array(scene.static.indices.reshape(-1), dtype=wp.int32, device=d)
@@ -185,8 +189,11 @@ def wsim_build_time(scene: Scene, device: str, ctor: str | None, reps: int) -> f
     keep = []
 
     def build() -> None:
-        keep.append(wp.Mesh(points=pts, indices=idx, bvh_constructor=c, bvh_leaf_size=wgeo.BVH_LEAF_SIZE))
-        keep.pop(0) if len(keep) > 1 else None
+        mesh = wp.Mesh(points=pts, indices=idx, bvh_constructor=c, bvh_leaf_size=wgeo.BVH_LEAF_SIZE)
+        keep.append(mesh)
+        if not d.is_cuda and wgeo.WIDE_BVH:
+            keep.append(build_wide_bvh(mesh, scene.static.points, scene.static.indices))
+        del keep[:-2]
 
     build()  # warm-up (allocators, module load)
     return best_of(build, reps, sync=lambda: wp.synchronize_device(d))
@@ -350,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     text += ["", f"Closest-hit queries; lidar fan of 128 elevations (-25..+15 deg) x "
              f"{1800 if args.quick else 3600} azimuths from 2 m above the ground; best of "
              f"{3 if args.quick else 7} runs after warm-up. wsim: static wp.Mesh "
-             f"({wgeo._constructor(wp.get_device('cpu'), None)}, leaf size {wgeo.BVH_LEAF_SIZE}), full Hit records; "  # noqa: SLF001
+             f"({wgeo._constructor(wp.get_device('cpu'), None)}, leaf size {wgeo.BVH_LEAF_SIZE}) collapsed into an "  # noqa: SLF001
+             f"8-wide BVH for the CPU traversal ({'on' if wgeo.WIDE_BVH else 'off'}), full Hit records; "
              "Embree: embreex rtcIntersect1 loop (u, v, Ng, tfar, primID, geomID). Embree's commit uses its own "
              "thread pool; wsim's CPU build is single-threaded."]
     text += [f"- {n}" for n in notes]

@@ -257,14 +257,14 @@ class _StaticPoints:
             base = torch.as_tensor(np.asarray(self.geo.scene.static.points, np.float32), device=view.device)
             view.copy_(base + self.offsets.to(view.device))
             if self.refit:
-                self.geo.static_mesh.refit()
+                self.geo.refit_static()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self.saved is not None:
             wp.to_torch(self.geo.static_mesh.points, requires_grad=False).copy_(self.saved)
             if self.refit:
-                self.geo.static_mesh.refit()
+                self.geo.refit_static()
 
 
 def _mesh_point_arrays(inputs: dict) -> list[wp.array]:

@@ -79,7 +79,7 @@ class _LidarRender(torch.autograd.Function):
         if ins["vertex_offsets"] is not None:
             pts = geo.static_mesh.points
             pts.assign(scene.static.points + _f32(ins["vertex_offsets"]))
-            geo.static_mesh.refit()
+            geo.refit_static()
         pc = lidar.render(t0, t1, scene=scene, requires_grad=True)
         ctx.pc = pc
         ctx.shapes = [(t.shape, t.dtype, t.device) if t is not None else None for t in tensors]

@@ -7,6 +7,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 import warp as wp
 
 from .pose import difference_window, sample_keys
+from .widebvh import wide_closest
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -72,6 +73,14 @@ class SceneGeo:
     part_object: wp.array[wp.int32]
     part_semantic: wp.array[wp.int32]
     material_code: wp.array[wp.int32]
+    # the static mesh's 8-wide BVH (CPU only; use_wide = 0 keeps mesh_query_ray), see wsim.kernels.widebvh
+    use_wide: wp.int32
+    wide_boxes: wp.array[float]
+    wide_child: wp.array[wp.int32]
+    wide_v0: wp.array[wp.vec3]
+    wide_e1: wp.array[wp.vec3]
+    wide_e2: wp.array[wp.vec3]
+    wide_fid: wp.array[wp.int32]
 
 
 @wp.func
@@ -103,13 +112,25 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
     start = origin + direction * t_min
     span = t_max - t_min
     if geo.static_mesh != wp.uint64(0):
-        q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
-        if q.result:
-            best_t = t_min + q.t
-            best_face = q.face
-            bu = q.u
-            bv = q.v
-            bn = q.normal
+        if geo.use_wide != 0:
+            w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                             start, direction, span)
+            if w[1] >= 0.0:
+                best_t = t_min + w[0]
+                best_face = int(w[1])
+                bu = w[2]
+                bv = w[3]
+                m = wp.mesh_get(geo.static_mesh)
+                a = m.points[m.indices[best_face * 3]]
+                bn = wp.cross(m.points[m.indices[best_face * 3 + 1]] - a, m.points[m.indices[best_face * 3 + 2]] - a)
+        else:
+            q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
+            if q.result:
+                best_t = t_min + q.t
+                best_face = q.face
+                bu = q.u
+                bv = q.v
+                bn = q.normal
     if geo.num_instances > 0:
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)

@@ -4,6 +4,7 @@ window. Built once per scene and device; a new time window only refits the top l
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,9 +13,13 @@ import warp as wp
 from .. import launch as _launch
 from ..kernels import trace as _trace
 from .scene import Scene
+from .widebvh import build_wide_bvh
 from .transforms import quat_slerp, quat_to_matrix
 
 BVH_LEAF_SIZE = 2  # measured best for closest-hit rays on the CPU (SAH); see benchmarks/raycast.py
+#: Trace the static mesh through an 8-wide BVH on the CPU (about 3× Warp's mesh_query_ray; benchmarks/wide_bvh);
+#: WSIM_WIDE_BVH=0 switches it off.
+WIDE_BVH = os.environ.get("WSIM_WIDE_BVH", "1") != "0"
 
 
 def _constructor(device: wp.context.Device, name: str | None) -> str:
@@ -52,10 +57,11 @@ class SceneGeometry:
         device: Warp device ("cpu", "cuda:0", ...).
         bvh_constructor: "sah", "lbvh", "median" or "cubql" (default: sah on CPU, lbvh on CUDA).
         leaf_size: BVH leaf size of the static and prototype meshes.
+        wide: On the CPU, trace the static mesh through an 8-wide BVH (default :data:`WIDE_BVH`).
     """
 
     def __init__(self, scene: Scene, device: str | None = None, *, bvh_constructor: str | None = None,
-                 leaf_size: int = BVH_LEAF_SIZE) -> None:
+                 leaf_size: int = BVH_LEAF_SIZE, wide: bool = WIDE_BVH) -> None:
         scene.validate()
         self.scene = scene
         self.device = wp.get_device(device)
@@ -75,7 +81,9 @@ class SceneGeometry:
             self.static_mesh = mesh(scene.static)
             geo.static_mesh = self.static_mesh.id
             geo.static_tri_part = wp.array(scene.static.tri_part, dtype=wp.int32, device=d)
+            self._wide = wide and not self.device.is_cuda
         else:
+            self._wide = False
             self.static_mesh = None
             geo.static_mesh = wp.uint64(0)
             geo.static_tri_part = wp.zeros(1, dtype=wp.int32, device=d)
@@ -107,7 +115,28 @@ class SceneGeometry:
              scene.prototypes[i.prototype].points.max(0).astype(np.float64)) for i in insts
         ]
         self._build_tlas(geo, None)
+        self._set_wide(geo)
         self.geo = geo
+
+    def _set_wide(self, geo: _trace.SceneGeo) -> None:
+        """Attach the static mesh's 8-wide BVH (CPU) to ``geo``, or switch it off (CUDA, or a mesh it can't serve)."""
+        w = build_wide_bvh(self.static_mesh, self.static_mesh.points.numpy(), self.scene.static.indices) \
+            if self._wide else None
+        geo.use_wide = 0 if w is None else 1
+        if w is None:
+            w = {k: wp.zeros(1, dtype=dt, device=self.device) for k, dt in (
+                ("boxes", float), ("child", wp.int32), ("v0", wp.vec3), ("e1", wp.vec3), ("e2", wp.vec3),
+                ("fid", wp.int32))}
+        for k, v in w.items():
+            setattr(geo, "wide_" + k, v)
+
+    def refit_static(self) -> None:
+        """After editing the static mesh's points in place (``static_mesh.points``): refit its BVH and rebuild the
+        wide BVH the CPU traversal uses."""
+        if self.static_mesh is None:
+            return
+        self.static_mesh.refit()
+        self._set_wide(self.geo)
 
     def _upload_keys(self, geo: _trace.SceneGeo) -> None:
         """Upload the instances' transform keys (times, translations, rotations, scales) into ``geo``."""
@@ -160,6 +189,7 @@ class SceneGeometry:
         view._keep = [self]  # the meshes' owner lives as long as the view
         view.instances = list(instances)
         view._local_bounds = self._local_bounds
+        view._wide = self._wide
         geo = _trace.SceneGeo()
         for name in _trace.SceneGeo.vars:
             setattr(geo, name, getattr(self.geo, name))
