@@ -177,3 +177,49 @@ def test_geometry_view_with_other_instance_keys_shares_meshes(device):
     np.testing.assert_allclose([h_view["t"][0], h_base["t"][0]], [24.5, 9.5], atol=1e-4)  # base unchanged
     with pytest.raises(ValueError, match="instances"):
         base.with_instances(s, [], None)
+
+
+def _random_scene(seed=0, n_boxes=60):
+    rng = np.random.default_rng(seed)
+    pts, faces = [], []
+    for k in range(n_boxes):
+        c = rng.uniform(-20, 20, 3)
+        p, f = box_mesh(c - rng.uniform(0.2, 3, 3), c + rng.uniform(0.2, 3, 3))
+        pts.append(p)
+        faces.append(f + 8 * k)
+    room_p, room_f = box_mesh([-40, -40, -40], [40, 40, 40], inward=True)
+    pts.append(room_p)
+    faces.append(room_f + 8 * n_boxes)
+    return _static_scene(np.concatenate(pts), np.concatenate(faces))
+
+
+def test_wide_bvh_matches_mesh_query_ray():
+    scene = _random_scene()
+    wide = SceneGeometry(scene, "cpu", wide=True)
+    ref = SceneGeometry(scene, "cpu", wide=False)
+    assert wide.geo.use_wide == 1 and ref.geo.use_wide == 0
+    d = _sphere_dirs(20000, seed=5)
+    o = np.random.default_rng(6).uniform(-10, 10, (20000, 3))
+    a, b = wide.trace(o, d).numpy(), ref.trace(o, d).numpy()
+    same = a["face"] == b["face"]
+    assert same.mean() > 0.999 and np.all(a["face"] >= 0)
+    np.testing.assert_allclose(a["t"], b["t"], atol=1e-4)
+    np.testing.assert_allclose(a["u"][same], b["u"][same], atol=1e-4)
+    np.testing.assert_allclose(a["v"][same], b["v"][same], atol=1e-4)
+    np.testing.assert_allclose(a["normal"][same], b["normal"][same], atol=1e-5)
+    # continuing queries agree too
+    a2, b2 = wide.trace(o[:2000], d[:2000], max_hits=4).numpy(), ref.trace(o[:2000], d[:2000], max_hits=4).numpy()
+    assert np.array_equal(a2["count"], b2["count"])
+    np.testing.assert_allclose(a2["t"], b2["t"], atol=1e-4)
+
+
+def test_refit_static_updates_the_wide_bvh():
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])
+    scene = _static_scene(p, f)
+    geo = SceneGeometry(scene, "cpu")
+    assert geo.trace([[0, 0, 0]], [[1, 0, 0]]).numpy()["t"][0] == pytest.approx(5.0, abs=1e-5)
+    pts = geo.static_mesh.points.numpy()
+    pts[:, 0] = 7.5
+    geo.static_mesh.points.assign(pts)
+    geo.refit_static()
+    assert geo.trace([[0, 0, 0]], [[1, 0, 0]]).numpy()["t"][0] == pytest.approx(7.5, abs=1e-5)
