@@ -1,4 +1,5 @@
-"""Wide BVH (BVH4 / BVH8) built on the host by collapsing Warp's own binary SAH BVH, stored SoA for Warp kernels.
+"""Wide BVH (BVH4 / BVH8) built on the host by collapsing Warp's own binary SAH BVH (wsim.scene.widebvh), stored SoA
+for Warp kernels.
 
 Node layout (width W): boxes[n, 6, W] = (lo_x, lo_y, lo_z, hi_x, hi_y, hi_z) per child lane; empty lanes hold an
 empty box (lo = +inf, hi = -inf), which the sign-ordered slab test never hits. child[n, W]: inner child index (>= 0)
@@ -12,87 +13,7 @@ import numpy as np
 
 from common import export_bvh, make_mesh
 
-
-def _area(lo, hi):
-    e = np.maximum(hi - lo, 0.0)
-    return e[..., 0] * e[..., 1] + e[..., 1] * e[..., 2] + e[..., 2] * e[..., 0]
-
-
-def collapse(b, width=4, max_leaf=4):
-    """Collapse a binary BVH (export_bvh dict) into a width-`width` BVH; subtrees with <= max_leaf primitives whose
-    primitives are contiguous become one leaf. Returns dict(boxes, child, order, root_ref)."""
-    lo, hi, ia, ib, leaf = b["lo"], b["hi"], b["ia"], b["ib"], b["leaf"]
-    nn = len(lo)
-    # BFS levels for bottom-up counts / ranges
-    levels = [np.array([b["root"]])]
-    while True:
-        cur = levels[-1]
-        inner = cur[~leaf[cur]]
-        if len(inner) == 0:
-            break
-        levels.append(np.concatenate([ia[inner], ib[inner]]))
-    cnt = np.zeros(nn, np.int64)
-    start = np.zeros(nn, np.int64)
-    end = np.zeros(nn, np.int64)
-    for lv in reversed(levels):
-        lf = lv[leaf[lv]]
-        cnt[lf] = ib[lf] - ia[lf]
-        start[lf] = ia[lf]
-        end[lf] = ib[lf]
-        inn = lv[~leaf[lv]]
-        cnt[inn] = cnt[ia[inn]] + cnt[ib[inn]]
-        start[inn] = np.minimum(start[ia[inn]], start[ib[inn]])
-        end[inn] = np.maximum(end[ia[inn]], end[ib[inn]])
-    eff_leaf = leaf | ((cnt <= max_leaf) & (end - start == cnt))
-    area = _area(lo, hi)
-
-    eff_l = eff_leaf.tolist()
-    ia_l = ia.tolist()
-    ib_l = ib.tolist()
-    area_l = area.tolist()
-    start_l = start.tolist()
-    cnt_l = cnt.tolist()
-
-    # greedy collapse: expand the largest-area non-leaf entry until `width` entries
-    wide_children = []  # per wide node: list of binary node ids
-    queue = [b["root"]]
-    wide_id = {b["root"]: 0}
-    qi = 0
-    while qi < len(queue):
-        n = queue[qi]
-        qi += 1
-        ents = [ia_l[n], ib_l[n]]
-        while len(ents) < width:
-            best, ba = -1, -1.0
-            for k, e in enumerate(ents):
-                if not eff_l[e] and area_l[e] > ba:
-                    best, ba = k, area_l[e]
-            if best < 0:
-                break
-            e = ents.pop(best)
-            ents += [ia_l[e], ib_l[e]]
-        wide_children.append(ents)
-        for e in ents:
-            if not eff_l[e]:
-                wide_id[e] = len(queue)
-                queue.append(e)
-    nw = len(queue)
-    boxes = np.empty((nw, 6, width), np.float32)
-    boxes[:, :3, :] = np.inf
-    boxes[:, 3:, :] = -np.inf
-    child = np.full((nw, width), -1, np.int32)
-    # empty lanes: leaf ref with count 1 at start 0 is harmless since its box is never hit; use ~0 = -1
-    for w, ents in enumerate(wide_children):
-        for k, e in enumerate(ents):
-            boxes[w, :3, k] = lo[e]
-            boxes[w, 3:, k] = hi[e]
-            if eff_l[e]:
-                c = cnt_l[e]
-                assert 1 <= c <= 8
-                child[w, k] = ~((start_l[e] << 3) | (c - 1))
-            else:
-                child[w, k] = wide_id[e]
-    return dict(boxes=boxes, child=child, order=b["prim"], root_ref=0, n_nodes=nw)
+from wsim.scene.widebvh import collapse as _collapse
 
 
 def build(points, faces, width=4, bin_leaf=2, max_leaf=4, ctor="sah"):
@@ -101,7 +22,8 @@ def build(points, faces, width=4, bin_leaf=2, max_leaf=4, ctor="sah"):
     mesh = make_mesh(points, faces, leaf=bin_leaf, ctor=ctor)
     b = export_bvh(mesh)
     t1 = time.perf_counter()
-    w = collapse(b, width, max_leaf)
+    w = _collapse(b, width, max_leaf)
+    w.update(order=b["prim"], n_nodes=len(w["boxes"]))
     f = faces[w["order"]]
     v0 = points[f[:, 0]]
     e1 = points[f[:, 1]] - v0

@@ -1,4 +1,4 @@
-"""Shared helpers: scenes, lidar rays, reference traces with wp.mesh_query_ray, Warp BVH export, timing."""
+"""Shared helpers: scenes, lidar rays, reference traces with wp.mesh_query_ray, timing (the BVH export is wsim's)."""
 from __future__ import annotations
 
 import sys
@@ -69,57 +69,7 @@ def make_mesh(pts, fac, leaf=2, ctor="sah"):
     return wp.Mesh(points=p, indices=ix, bvh_constructor=ctor, bvh_leaf_size=leaf)
 
 
-@wp.func_native("""
-using namespace wp;
-Mesh m = mesh_get(id);
-meta.data[0] = m.bvh.num_nodes;
-meta.data[1] = *m.bvh.root;
-meta.data[2] = m.bvh.num_items;
-meta.data[3] = m.bvh.max_depth;
-""")
-def _bvh_meta(id: wp.uint64, meta: wp.array(dtype=int)): ...
-
-
-@wp.func_native("""
-using namespace wp;
-Mesh m = mesh_get(id);
-for (int n = 0; n < m.bvh.num_nodes; ++n) {
-    BVHPackedNodeHalf a = m.bvh.node_lowers[n];
-    BVHPackedNodeHalf b = m.bvh.node_uppers[n];
-    lo.data[n] = vec3(a.x, a.y, a.z);
-    hi.data[n] = vec3(b.x, b.y, b.z);
-    ia.data[n] = int(a.i);
-    ib.data[n] = int(b.i);
-    leaf.data[n] = int(a.b);
-}
-for (int k = 0; k < m.bvh.num_items; ++k) prim.data[k] = m.bvh.primitive_indices[k];
-""")
-def _bvh_nodes(id: wp.uint64, lo: wp.array(dtype=wp.vec3), hi: wp.array(dtype=wp.vec3), ia: wp.array(dtype=int),
-               ib: wp.array(dtype=int), leaf: wp.array(dtype=int), prim: wp.array(dtype=int)): ...
-
-
-@wp.kernel
-def _meta_k(id: wp.uint64, meta: wp.array(dtype=int)):
-    _bvh_meta(id, meta)
-
-
-@wp.kernel
-def _nodes_k(id: wp.uint64, lo: wp.array(dtype=wp.vec3), hi: wp.array(dtype=wp.vec3), ia: wp.array(dtype=int),
-             ib: wp.array(dtype=int), leaf: wp.array(dtype=int), prim: wp.array(dtype=int)):
-    _bvh_nodes(id, lo, hi, ia, ib, leaf, prim)
-
-
-def export_bvh(mesh):
-    """Warp's binary BVH of a CPU wp.Mesh as NumPy arrays."""
-    meta = wp.zeros(4, dtype=int, device="cpu")
-    wp.launch(_meta_k, 1, inputs=[mesh.id, meta], device="cpu")
-    nn, root, ni, depth = meta.numpy().tolist()
-    arrs = [wp.zeros(nn, dtype=wp.vec3, device="cpu"), wp.zeros(nn, dtype=wp.vec3, device="cpu"),
-            wp.zeros(nn, dtype=int, device="cpu"), wp.zeros(nn, dtype=int, device="cpu"),
-            wp.zeros(nn, dtype=int, device="cpu"), wp.zeros(ni, dtype=int, device="cpu")]
-    wp.launch(_nodes_k, 1, inputs=[mesh.id, *arrs], device="cpu")
-    lo, hi, ia, ib, leaf, prim = (a.numpy() for a in arrs)
-    return dict(lo=lo, hi=hi, ia=ia, ib=ib, leaf=leaf.astype(bool), prim=prim, root=root, depth=depth)
+from wsim.scene.widebvh import export_bvh  # noqa: E402,F401 - the BVH export wsim itself uses
 
 
 def agreement(t_ref, t, tol=1e-4):

@@ -66,28 +66,33 @@ VARIANTS.update({
 })
 
 
-import trace_native  # noqa: E402
+from wsim.kernels.widebvh import wide_closest  # noqa: E402
 
 
-def b_native(width, bin_leaf=2, max_leaf=4):
-    def f(pts, fac):
-        w, _ = bvhw.build(pts, fac, width=width, bin_leaf=bin_leaf, max_leaf=max_leaf)
-        return dict(width=width, boxes=wp.array(w["boxes"].reshape(-1), dtype=float, device="cpu"),
-                    child=wp.array(w["child"].reshape(-1), dtype=wp.int32, device="cpu"),
-                    v0=wp.array(w["v0"], dtype=wp.vec3, device="cpu"),
-                    e1=wp.array(w["e1"], dtype=wp.vec3, device="cpu"),
-                    e2=wp.array(w["e2"], dtype=wp.vec3, device="cpu"),
-                    fid=wp.array(w["fid"], dtype=wp.int32, device="cpu"))
-    return f
+@wp.kernel
+def trace_wsim_wide(boxes: wp.array(dtype=float), child: wp.array(dtype=wp.int32), v0: wp.array(dtype=wp.vec3),
+                    e1: wp.array(dtype=wp.vec3), e2: wp.array(dtype=wp.vec3), fid: wp.array(dtype=wp.int32),
+                    max_t: float, o: wp.array(dtype=wp.vec3), d: wp.array(dtype=wp.vec3),
+                    t_out: wp.array(dtype=float), f_out: wp.array(dtype=wp.int32)):
+    i = wp.tid()
+    r = wide_closest(boxes, child, v0, e1, e2, fid, o[i], d[i], max_t)
+    t_out[i] = r[0]
+    f_out[i] = int(r[1])
 
 
-def r_native(g, o, d, t_out, f_out):
-    wp.launch(trace_native.KERNELS[g["width"]], len(o), inputs=[g["boxes"], g["child"], g["v0"], g["e1"], g["e2"],
-                                                                 g["fid"], MAX_T, o, d, t_out, f_out], device="cpu")
+def b_native8(pts, fac):
+    w, _ = bvhw.build(pts, fac, width=8, bin_leaf=2, max_leaf=4)
+    return dict(boxes=wp.array(w["boxes"].reshape(-1), dtype=float, device="cpu"),
+                child=wp.array(w["child"].reshape(-1), dtype=wp.int32, device="cpu"),
+                v0=wp.array(w["v0"], dtype=wp.vec3, device="cpu"),
+                e1=wp.array(w["e1"], dtype=wp.vec3, device="cpu"),
+                e2=wp.array(w["e2"], dtype=wp.vec3, device="cpu"),
+                fid=wp.array(w["fid"], dtype=wp.int32, device="cpu"))
 
 
-VARIANTS.update({
-    "native4": (b_native(4), r_native),
-    "native8": (b_native(8), r_native),
-    "native8_l8": (b_native(8, 2, 8), r_native),
-})
+def r_native8(g, o, d, t_out, f_out):
+    wp.launch(trace_wsim_wide, len(o), inputs=[g["boxes"], g["child"], g["v0"], g["e1"], g["e2"], g["fid"], MAX_T,
+                                               o, d, t_out, f_out], device="cpu")
+
+
+VARIANTS["native8"] = (b_native8, r_native8)  # wsim's own traversal (wsim.kernels.widebvh)

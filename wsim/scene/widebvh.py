@@ -13,7 +13,8 @@ WIDTH = 8
 MAX_LEAF = 4
 
 
-def _export(mesh: wp.Mesh) -> dict:
+def export_bvh(mesh: wp.Mesh) -> dict:
+    """Warp's binary BVH of a CPU ``wp.Mesh`` as NumPy arrays (node boxes, children / leaf ranges, primitive order)."""
     meta = wp.zeros(4, dtype=int, device="cpu")
     wp.launch(_kw.bvh_meta_kernel, 1, inputs=[mesh.id, meta], device="cpu")
     nn, root, ni, _ = meta.numpy().tolist()
@@ -30,7 +31,9 @@ def _area(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return e[..., 0] * e[..., 1] + e[..., 1] * e[..., 2] + e[..., 2] * e[..., 0]
 
 
-def _collapse(b: dict) -> dict:
+def collapse(b: dict, width: int = WIDTH, max_leaf: int = MAX_LEAF) -> dict:
+    """Collapse a binary BVH (:func:`export_bvh`) into nodes of ``width`` children; subtrees of at most ``max_leaf``
+    contiguous primitives become leaves. Returns boxes (n, 6, width), child (n, width) and the tree depth."""
     lo, hi, ia, ib, leaf = b["lo"], b["hi"], b["ia"], b["ib"], b["leaf"]
     nn = len(lo)
     levels = [np.array([b["root"]])]
@@ -49,7 +52,7 @@ def _collapse(b: dict) -> dict:
         cnt[inn] = cnt[ia[inn]] + cnt[ib[inn]]
         start[inn] = np.minimum(start[ia[inn]], start[ib[inn]])
         end[inn] = np.maximum(end[ia[inn]], end[ib[inn]])
-    eff = (leaf | ((cnt <= MAX_LEAF) & (end - start == cnt))).tolist()
+    eff = (leaf | ((cnt <= max_leaf) & (end - start == cnt))).tolist()
     area = _area(lo, hi).tolist()
     ia_l, ib_l, start_l, cnt_l = ia.tolist(), ib.tolist(), start.tolist(), cnt.tolist()
     root = b["root"]
@@ -64,7 +67,7 @@ def _collapse(b: dict) -> dict:
             n = queue[qi]
             qi += 1
             ents = [ia_l[n], ib_l[n]]
-            while len(ents) < WIDTH:
+            while len(ents) < width:
                 best, ba = -1, -1.0
                 for k, e in enumerate(ents):
                     if not eff[e] and area[e] > ba:
@@ -81,10 +84,10 @@ def _collapse(b: dict) -> dict:
                     node_depth[e] = node_depth[n] + 1
                     queue.append(e)
     nw = len(children)
-    boxes = np.empty((nw, 6, WIDTH), np.float32)
+    boxes = np.empty((nw, 6, width), np.float32)
     boxes[:, :3, :] = np.inf
     boxes[:, 3:, :] = -np.inf
-    child = np.full((nw, WIDTH), -1, np.int32)
+    child = np.full((nw, width), -1, np.int32)
     for w, ents in enumerate(children):
         for k, e in enumerate(ents):
             boxes[w, :3, k] = lo[e]
@@ -98,8 +101,8 @@ def build_wide_bvh(mesh: wp.Mesh, points: np.ndarray, indices: np.ndarray) -> di
     (M, 3)), or None where the wide traversal cannot serve it (deeper than its stack, more faces than a float holds)."""
     if len(indices) == 0 or len(indices) >= 1 << 24:
         return None
-    b = _export(mesh)
-    w = _collapse(b)
+    b = export_bvh(mesh)
+    w = collapse(b)
     if w["depth"] * (WIDTH - 1) + 1 > _kw.WIDE_STACK:
         return None
     order = b["prim"]
