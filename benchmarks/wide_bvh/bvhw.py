@@ -43,30 +43,3 @@ if __name__ == "__main__":
         for W in (4, 8):
             w, _ = build(pts, fac, width=W)
             print(name, W, w["n_nodes"], f"binary {w['t_binary']:.3f}s collapse {w['t_collapse']:.3f}s")
-
-
-def pack_tri4(w):
-    """Repack leaves into blocks of 4 SoA triangles: tri[blk, 9, 4] = (v0 xyz, e1 xyz, e2 xyz) per lane, fid4[blk, 4];
-    padding lanes are degenerate (e1 = e2 = 0, never hit). Leaf refs become ~(block << 3 | (blocks - 1))."""
-    child = w["child"].copy()
-    leaf_mask = child < 0
-    codes = ~child[leaf_mask]
-    uniq, inv = np.unique(codes, return_inverse=True)
-    st = (uniq >> 3).astype(np.int64)
-    cn = (uniq & 7).astype(np.int64) + 1
-    nb = (cn + 3) // 4
-    boff = np.concatenate([[0], np.cumsum(nb)[:-1]])
-    nblk = int(nb.sum())
-    lane_leaf = np.repeat(np.arange(len(uniq)), nb * 4)
-    lane_j = np.arange(nblk * 4) - np.repeat(boff * 4, nb * 4)
-    valid = lane_j < cn[lane_leaf]
-    tri_idx = np.where(valid, st[lane_leaf] + lane_j, 0)
-    tri = np.zeros((nblk * 4, 9), np.float32)
-    tri[:, 0:3] = w["v0"][tri_idx]
-    tri[:, 3:6] = np.where(valid[:, None], w["e1"][tri_idx], 0.0)
-    tri[:, 6:9] = np.where(valid[:, None], w["e2"][tri_idx], 0.0)
-    tri = np.ascontiguousarray(tri.reshape(nblk, 4, 9).transpose(0, 2, 1))
-    fid4 = np.where(valid, w["fid"][tri_idx], -1).astype(np.int32).reshape(nblk, 4)
-    assert nb.max() <= 8
-    child[leaf_mask] = ~((boff[inv] << 3) | (nb[inv] - 1)).astype(np.int32)
-    return dict(child=child, tri=tri, fid4=fid4, n_blocks=nblk)

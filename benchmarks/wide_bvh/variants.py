@@ -42,30 +42,6 @@ VARIANTS = {
 }
 
 
-def b_bvh4_tri4(bin_leaf=2, max_leaf=4):
-    def f(pts, fac):
-        w, _ = bvhw.build(pts, fac, width=4, bin_leaf=bin_leaf, max_leaf=max_leaf)
-        p = bvhw.pack_tri4(w)
-        nw = w["n_nodes"]
-        return dict(boxes=wp.array(w["boxes"].reshape(nw * 6, 4), dtype=wp.vec4, device="cpu"),
-                    child=wp.array(p["child"], dtype=wp.vec4i, device="cpu"),
-                    tri=wp.array(p["tri"].reshape(-1, 4), dtype=wp.vec4, device="cpu"),
-                    fid4=wp.array(p["fid4"], dtype=wp.vec4i, device="cpu"))
-    return f
-
-
-def r_bvh4_tri4(g, o, d, t_out, f_out):
-    wp.launch(trace4.trace_bvh4_tri4, len(o), inputs=[g["boxes"], g["child"], g["tri"], g["fid4"], MAX_T,
-                                                        o, d, t_out, f_out], device="cpu")
-
-
-VARIANTS.update({
-    "bvh4_tri4": (b_bvh4_tri4(2, 4), r_bvh4_tri4),
-    "bvh4_tri4_l8": (b_bvh4_tri4(2, 8), r_bvh4_tri4),
-    "bvh4_tri4_b4l4": (b_bvh4_tri4(4, 4), r_bvh4_tri4),
-})
-
-
 from wsim.kernels.widebvh import wide_closest  # noqa: E402
 
 
