@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -593,3 +594,66 @@ def test_edit_assets_inserts_and_restore_undoes(tmp_path, scene):
             assert st.render_lidar(req).num_points == before
     finally:
         srv.shutdown(grace=1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------- warm-up
+def _start_serve(args: list[str], env: dict) -> tuple[subprocess.Popen, str, list[str]]:
+    proc = subprocess.Popen([sys.executable, "-m", "wsim.cli", "serve", "--port", "0", "--device", "cpu", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "listening on" in line:
+            return proc, line.split("listening on ")[1].split()[0], lines
+    proc.kill()
+    raise AssertionError("wsim serve exited before listening:\n" + "".join(lines))
+
+
+def test_fresh_server_answers_its_first_requests_as_fast_as_its_tenth(tmp_path, scene):
+    """A fresh `wsim serve` (empty Warp kernel cache, as on a new machine) compiles and loads every kernel and builds
+    the scene's BVHs before it listens: its first render_lidar and render_rgb take < 3x its tenth."""
+    env = {**os.environ, "WARP_CACHE_PATH": str(tmp_path / "kernel-cache")}
+    proc, address, lines = _start_serve([], env)
+    try:
+        warm = [x for x in lines if "warmed up in" in x]
+        assert len(warm) == 1, lines
+        assert sum("listening on" in x for x in lines) == 1
+        with grpc.insecure_channel(address, options=channel_options()) as ch:
+            st = SG.SensorsimServiceStub(ch)
+            spec = {c.logical_id: c.intrinsics for c in
+                    st.get_available_cameras(S.AvailableCamerasRequest(scene_id=SCENE)).available_cameras}[WIDE]
+            for rpc, make in ((st.render_lidar, lambda: lidar_request(scene, S.PANDAR128)),
+                              (st.render_rgb, lambda: rgb_request(spec, scene, h=320, w=512))):
+                took = []
+                for _ in range(10):
+                    req = make()
+                    t = time.perf_counter()
+                    rpc(req)
+                    took.append(time.perf_counter() - t)
+                assert took[0] < 3.0 * took[-1], (rpc, took)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_unknown_tracks_ignore_renders_without_them_and_warns_once(scene, caplog):
+    srv = SensorsimServer(port=0, device="cpu", unknown_tracks="ignore")
+    srv.start()
+    try:
+        with grpc.insecure_channel(srv.address, options=channel_options()) as ch:
+            st = SG.SensorsimServiceStub(ch)
+            spec = {c.logical_id: c.intrinsics for c in
+                    st.get_available_cameras(S.AvailableCamerasRequest(scene_id=SCENE)).available_cameras}[WIDE]
+            plain = decode(st.render_rgb(rgb_request(spec, scene, fmt=S.PNG)).image_bytes)
+            ghost = S.DynamicObject(track_id="not-in-this-scene", pose_pair=camera_pair(scene, WIDE, 2.0, 2.03))
+            with caplog.at_level("WARNING", logger="wsim.grpc"):
+                for _ in range(3):
+                    img = decode(st.render_rgb(rgb_request(spec, scene, fmt=S.PNG, dynamic_objects=[ghost]))
+                                 .image_bytes)
+                    assert np.array_equal(img, plain)
+            warned = [r for r in caplog.records if "not-in-this-scene" in r.getMessage()]
+            assert len(warned) == 1
+    finally:
+        srv.shutdown(grace=1.0)
+    with pytest.raises(ValueError, match="unknown_tracks"):
+        SensorsimServer(port=0, device="cpu", unknown_tracks="skip")

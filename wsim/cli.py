@@ -218,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--ego-masks", default=None, help="folder of ego masks <rig_config_id>/<camera_logical_id>.png")
     sv.add_argument("--assets", default=None, help="folder of asset stages for edit_assets")
     sv.add_argument("--api-version", default=None, help="grpc_api_version reported by get_version, MAJOR.MINOR.PATCH")
+    sv.add_argument("--unknown-tracks", choices=("error", "ignore"), default="error",
+                    help="dynamic_objects naming a track the scene lacks: NOT_FOUND (error, default) or a warning "
+                    "once per id and a render without it (ignore)")
+    sv.add_argument("--no-warm-up", action="store_true", help="skip the start-up warm-up renders (the first requests "
+                    "then pay for kernel compilation and BVH builds)")
     sv.set_defaults(func=lambda a: __import__("wsim.grpc.server", fromlist=["main"]).main(a))
     args = p.parse_args(argv)
     import warp as wp

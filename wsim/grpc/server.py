@@ -40,13 +40,15 @@ class SensorsimServer:
         assets_dir: Folder of asset stages for edit_assets.
         max_message_bytes: Send / receive limit.
         api_version: (major, minor, patch) reported by get_version.
+        unknown_tracks: ``"error"`` (a ``dynamic_objects`` entry naming a track the scene lacks answers NOT_FOUND) or
+            ``"ignore"`` (warn once per id and render without it).
     """
 
     def __init__(self, scenes: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 6001,
                  device: str | None = None, cache_size: int = 4, max_workers: int = 4,
                  ego_masks_dir: str | Path | None = None, assets_dir: str | Path | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 api_version: tuple[int, int, int] = API_VERSION) -> None:
+                 api_version: tuple[int, int, int] = API_VERSION, unknown_tracks: str = "error") -> None:
         import warp as wp
 
         wp.init()
@@ -57,7 +59,7 @@ class SensorsimServer:
         self.servicer = SensorsimServicer(self.store, device=self.device, ego_masks_dir=ego_masks_dir,
                                           assets_dir=assets_dir, max_message_bytes=max_message_bytes,
                                           max_workers=max_workers, api_version=api_version,
-                                          on_shutdown=self.shutdown)
+                                          on_shutdown=self.shutdown, unknown_tracks=unknown_tracks)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wsim-rpc"),
                                    options=channel_options(max_message_bytes))
         sensorsim_pb2_grpc.add_SensorsimServiceServicer_to_server(self.servicer, self._server)
@@ -74,14 +76,19 @@ class SensorsimServer:
             raise OSError(f"cannot bind {self.host}:{self.port}")
         self.port = bound
         self._server.start()
-        log.info("wsim sensorsim serving %s (device %s, scenes: %s)", self.address, self.device,
-                 ", ".join(self.store.scene_ids))
         return bound
 
     def preload(self) -> None:
         """Load every scene the cache holds (the first ``cache_size``) and build its geometry."""
         for sid in self.store.scene_ids[: self.store.cache_size]:
             self.store.get(sid)
+
+    def warm_up(self) -> float:
+        """Preload the resident scenes and render each of their cameras and both lidar types once, small, so that
+        every kernel a request needs is compiled or loaded (:mod:`wsim.grpc.warmup`); returns the time taken [s]."""
+        from .warmup import warm_up
+
+        return warm_up(self.servicer, self.store.scene_ids[: self.store.cache_size])
 
     def shutdown(self, grace: float | None = SHUTDOWN_GRACE_S) -> None:
         """Stop accepting requests, let in-flight ones finish (up to ``grace`` s), then stop."""
@@ -107,13 +114,18 @@ class SensorsimServer:
 
 def serve(scenes: str | None = None, *, host: str = "127.0.0.1", port: int = 6001, device: str | None = None,
           cache_size: int = 4, max_workers: int = 4, ego_masks_dir: str | None = None, assets_dir: str | None = None,
-          api_version: tuple[int, int, int] = API_VERSION, preload: bool = True) -> int:
-    """Run a server until shut_down or SIGTERM / SIGINT (both graceful: in-flight requests finish)."""
+          api_version: tuple[int, int, int] = API_VERSION, warm_up: bool = True, unknown_tracks: str = "error") -> int:
+    """Run a server until shut_down or SIGTERM / SIGINT (both graceful: in-flight requests finish).
+
+    With ``warm_up`` (the default) the resident scenes are loaded and every render path is run once before the server
+    binds its port, so the first request is as fast as later ones (:meth:`SensorsimServer.warm_up`).
+    """
     server = SensorsimServer(scenes, host=host, port=port, device=device, cache_size=cache_size,
                              max_workers=max_workers, ego_masks_dir=ego_masks_dir, assets_dir=assets_dir,
-                             api_version=api_version)
-    if preload:
-        server.preload()
+                             api_version=api_version, unknown_tracks=unknown_tracks)
+    if warm_up:
+        seconds = server.warm_up()
+        print(f"wsim serve: warmed up in {seconds:.1f} s (scenes loaded, camera and lidar kernels ready)", flush=True)
     server.start()
     print(f"wsim serve: listening on {server.address} ({server.device}); scenes: {', '.join(server.store.scene_ids)}",
           flush=True)
@@ -140,4 +152,5 @@ def main(args) -> int:
         except (ValueError, AssertionError):
             raise ValueError(f"--api-version: expected MAJOR.MINOR.PATCH, got {args.api_version!r}") from None
     return serve(args.scenes, host=args.host, port=args.port, device=args.device, cache_size=args.cache_size,
-                 max_workers=args.max_workers, ego_masks_dir=args.ego_masks, assets_dir=args.assets, api_version=api)
+                 max_workers=args.max_workers, ego_masks_dir=args.ego_masks, assets_dir=args.assets, api_version=api,
+                 warm_up=not args.no_warm_up, unknown_tracks=args.unknown_tracks)

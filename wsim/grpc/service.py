@@ -110,14 +110,20 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         max_workers: Reported by get_server_config.
         api_version: (major, minor, patch) reported by get_version.
         on_shutdown: Called (in a new thread) by shut_down.
+        unknown_tracks: ``"error"``: a ``dynamic_objects`` entry naming a track the scene lacks answers NOT_FOUND;
+            ``"ignore"``: it is logged (one warning per track id) and the frame renders without it.
     """
 
     def __init__(self, store: SceneStore, *, device: str = "cpu", ego_masks_dir: str | Path | None = None,
                  assets_dir: str | Path | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  max_workers: int = 4, api_version: tuple[int, int, int] = API_VERSION,
-                 on_shutdown: Callable[[], None] | None = None) -> None:
+                 on_shutdown: Callable[[], None] | None = None, unknown_tracks: str = "error") -> None:
         import warp as wp
 
+        if unknown_tracks not in ("error", "ignore"):
+            raise ValueError(f"unknown_tracks: expected 'error' or 'ignore', got {unknown_tracks!r}")
+        self.unknown_tracks = unknown_tracks
+        self._warned_tracks: set[tuple[str, str]] = set()
         self.store = store
         self.device = str(wp.get_device(device))
         self.is_cuda = wp.get_device(device).is_cuda
@@ -167,6 +173,15 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
             if not obj.track_id:
                 raise invalid(f"{f}.track_id: empty")
             k = tracks.get(obj.track_id)
+            if k is None and self.unknown_tracks == "ignore":
+                key = (scene.scene_id, obj.track_id)
+                with self._lock:
+                    first = key not in self._warned_tracks
+                    self._warned_tracks.add(key)
+                if first:
+                    log.warning("%s.track_id: unknown track %r in scene %r: rendering without it (warned once)",
+                                f, obj.track_id[:200], scene.scene_id)
+                continue
             if k is None:
                 raise not_found(f"{f}.track_id: unknown track {obj.track_id!r} in scene {scene.scene_id!r}")
             if k in overrides:
