@@ -313,8 +313,7 @@ class _Loader:
         try:
             stage = Usd.Stage.Open(self.file, Usd.Stage.LoadAll)
         except Exception as e:  # noqa: BLE001 - pxr raises Tf.ErrorException
-            msg = str(e).strip().splitlines()
-            raise SceneError(f"{self.file}: not a readable USD file ({msg[-1] if msg else type(e).__name__})") from e
+            raise SceneError(f"{self.file}: not a readable USD file ({pxr_error_message(e, self.file)})") from e
         if stage is None:
             raise SceneError(f"{self.file}: not a readable USD file")
         return stage
@@ -967,6 +966,23 @@ class _Loader:
             self.scene.time_range = (float(self.time_window[0]), float(self.time_window[1]))
         elif codes:
             self.scene.time_range = (min(codes) / self.tcps, max(codes) / self.tcps)
+
+
+def pxr_error_message(e: BaseException, file: str = "") -> str:
+    """The first meaningful line of a pxr error (Tf.ErrorException): the innermost error's own text, without the
+    "Error in 'pxrInternal_...::Function' at line N in file stage.cpp" prefixes, C++ namespaces or parser rule names,
+    and with the file's own path (``file``) shortened to a line and column."""
+    text = str(e)
+    parts = [m.strip() for m in re.split(r"Error in '[^']*' at line \d+ in file [^\n]*? : '", text)[1:]]
+    parts = [(m[:-1] if m.endswith("'") else m).strip() for m in parts]  # each message closes with its quote
+    msg = next((m for m in parts if m), text.strip().splitlines()[0] if text.strip() else type(e).__name__)
+    msg = re.sub(r"pxrInternal_v\w+?__pxrReserved__::", "", msg)
+    msg = re.sub(r" matching \S+ at ", " at ", msg)  # parse error matching Sdf_TextFileFormatParser::Rule at '}'
+    if file:
+        for f in sorted({file, os.path.abspath(file), os.path.realpath(file)}, key=len, reverse=True):
+            msg = re.sub(re.escape(f) + r":(\d+):(\d+): ", r"line \1, column \2: ", msg)
+            msg = msg.replace(f"<{f}> is ", "").replace(f"@{f}@", "").replace(f"<{f}>", "the file")
+    return " ".join(msg.split()) or type(e).__name__
 
 
 def load_usd(path: str | os.PathLike, *, time_range: tuple[float, float] | None = None) -> Scene:
