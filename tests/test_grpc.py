@@ -10,6 +10,7 @@ import importlib.util
 import io
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,15 +166,22 @@ def test_wire_names_and_field_numbers():
 
 
 @pytest.fixture(scope="session")
-def protobuf_425_dir(tmp_path_factory) -> Path:
-    """protobuf 4.25 (AlpaSim's pin) installed into a cached --target folder under the temp dir."""
-    target = Path(os.environ.get("WSIM_PROTOBUF425_DIR", "/tmp/wsim-test-protobuf-4.25"))
-    if not (target / "google" / "protobuf" / "__init__.py").exists():
+def protobuf_425_dir(request) -> Path:
+    """protobuf 4.25 (AlpaSim's pin) installed with ``pip --target`` into pytest's cache folder of this checkout
+    (``.pytest_cache/d/``), one folder per exact version and interpreter; reused only when the install completed and
+    its metadata names that version."""
+    version = PROTOBUF_425.split("==")[1]
+    root = Path(request.config.cache.mkdir(f"protobuf-{version}-{sys.implementation.cache_tag}-{sys.platform}"))
+    target, done = root / "site", root / "installed"
+    if not (done.exists() and (target / f"protobuf-{version}.dist-info").is_dir()):
+        shutil.rmtree(target, ignore_errors=True)
+        done.unlink(missing_ok=True)
         r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                             "--no-deps", "--target", str(target), PROTOBUF_425],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             pytest.fail(f"cannot install {PROTOBUF_425} for the compatibility check: {r.stderr.strip()[-300:]}")
+        done.write_text(PROTOBUF_425 + "\n")
     return target
 
 
@@ -190,6 +198,7 @@ r = sensorsim_pb2.RGBRenderRequest(scene_id="s", resolution_h=320, image_format=
 back = sensorsim_pb2.RGBRenderRequest.FromString(r.SerializeToString())
 assert back.resolution_h == 320 and back.sensor_pose.start_pose.quat.w == 1.0
 assert hasattr(sensorsim_pb2_grpc, "SensorsimServiceStub") and hasattr(egodriver_pb2_grpc, "EgodriverServiceStub")
+print(google.protobuf.__file__)
 print(google.protobuf.__version__)
 """
 
@@ -198,7 +207,9 @@ def test_stubs_import_with_protobuf_4_25(protobuf_425_dir):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(protobuf_425_dir), str(ROOT)]))
     r = subprocess.run([sys.executable, "-c", _IMPORT_CHECK], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip().splitlines()[-1].startswith("4.25.")
+    origin, version = r.stdout.strip().splitlines()[-2:]
+    assert version == PROTOBUF_425.split("==")[1], r.stdout  # the pinned release, not whatever is installed
+    assert Path(origin).resolve().is_relative_to(protobuf_425_dir.resolve()), origin  # imported from the cache
 
 
 def test_stubs_import_with_current_protobuf():
