@@ -17,30 +17,53 @@ from ..scene.scene import Scene
 
 @dataclass
 class Panorama:
-    """Range [m] and intensity images (H, W) (row 0 = highest elevation, column 0 = azimuth +180°, CCW to the
-    right… i.e. azimuth decreases left to right as seen from above), and the trace rate.
+    """Range [m] and intensity images (H, W) and the trace rate.
+
+    Row 0 is the highest elevation. Azimuth is counter-clockwise seen from above, measured from the heading the
+    panorama was rendered with (0 = forward, +90° = left): column 0 looks backward (+180°), the centre column forward,
+    and azimuth decreases left to right, so the left half of the image shows the left side.
 
     Attributes:
         range_m: (H, W) distance [m], 0 where nothing was hit.
         intensity: (H, W) reflectance · |cos θ_inc| in [0, 1], 0 where nothing was hit.
         semantic: (H, W) semantic class index.
         rays_per_second: Closest-hit rays traced per second (trace only).
+        azimuth_deg: (W,) azimuth of each column's centre relative to the heading [deg].
+        elevation_deg: (H,) elevation of each row [deg].
+        heading_deg: World yaw of azimuth 0 [deg] (counter-clockwise from world +x).
+        max_range_m: Far limit of the rays [m] (beyond it: no hit).
     """
 
     range_m: np.ndarray
     intensity: np.ndarray
     semantic: np.ndarray
     rays_per_second: float
+    azimuth_deg: np.ndarray | None = None
+    elevation_deg: np.ndarray | None = None
+    heading_deg: float = 0.0
+    max_range_m: float = 0.0
 
     def to_image(self, max_range_m: float = 80.0) -> np.ndarray:
-        """(2H, W, 3) uint8: range through Turbo on top, intensity as grey below."""
+        """(2H, W, 3) uint8: range through Turbo on top (:meth:`range_image`), intensity as grey below
+        (:meth:`intensity_image`)."""
+        return np.concatenate([self.range_image(max_range_m), self.intensity_image()], axis=0)
+
+    def range_image(self, max_range_m: float = 80.0) -> np.ndarray:
+        """(H, W, 3) uint8 range through Turbo over [0, max_range_m] [m]; no hit is black."""
         h, w = self.range_m.shape
         rgb = wp.empty((h * w, 3), dtype=wp.uint8, device="cpu")
         wp.launch(colorize_turbo_kernel, h * w, [wp.array(self.range_m.reshape(-1), dtype=float, device="cpu"),
                                                  float(max_range_m)], [rgb], device="cpu")
-        top = rgb.numpy().reshape(h, w, 3)
-        grey = np.clip(self.intensity ** 0.5 * 255.0, 0, 255).astype(np.uint8)
-        return np.concatenate([top, np.repeat(grey[..., None], 3, axis=2)], axis=0)
+        return rgb.numpy().reshape(h, w, 3)
+
+    def intensity_image(self) -> np.ndarray:
+        """(H, W, 3) uint8 intensity as grey (:func:`intensity_grey`)."""
+        return np.repeat(intensity_grey(self.intensity)[..., None], 3, axis=-1)
+
+
+def intensity_grey(intensity: np.ndarray) -> np.ndarray:
+    """Grey level (uint8) of intensities in [0, 1]: 255·√intensity (the square root lifts dark surfaces)."""
+    return np.clip(np.asarray(intensity, np.float32) ** 0.5 * 255.0, 0, 255).astype(np.uint8)
 
 
 def render_panorama(
@@ -52,6 +75,7 @@ def render_panorama(
     height: int = 128,
     elevation_deg: tuple[float, float] = (-25.0, 15.0),
     max_range_m: float = 230.0,
+    heading_rad: float = 0.0,
     device: str | None = None,
 ) -> Panorama:
     """Trace a (height × width) panorama from ``position`` [m] (world) at scene time ``time`` [s].
@@ -62,12 +86,15 @@ def render_panorama(
         time: Scene time [s] at which every ray is traced.
         width: Azimuth columns over 360°; height: elevation rows over ``elevation_deg`` [deg].
         max_range_m: Far limit [m].
+        heading_rad: World yaw [rad] (counter-clockwise from world +x) of the centre column, e.g. the vehicle's.
         device: Warp device (default: Warp's default device).
     """
     geo = scene.device_geometry(device)
     geo.set_time_window(time, time)
-    az = np.deg2rad(180.0 - (np.arange(width) + 0.5) * 360.0 / width)
-    el = np.deg2rad(np.linspace(elevation_deg[1], elevation_deg[0], height))
+    az_deg = 180.0 - (np.arange(width) + 0.5) * 360.0 / width
+    el_deg = np.linspace(elevation_deg[1], elevation_deg[0], height)
+    az = np.deg2rad(az_deg) + float(heading_rad)
+    el = np.deg2rad(el_deg)
     ce = np.cos(el)[:, None]
     d = np.stack([ce * np.cos(az)[None], ce * np.sin(az)[None], np.broadcast_to(np.sin(el)[:, None], (height, width))],
                  -1).reshape(-1, 3)
@@ -84,4 +111,5 @@ def render_panorama(
     inten = np.where(ok, refl[np.maximum(h["material"], 0)] * cos, 0.0)
     rng = np.where(ok, h["t"], 0.0)
     return Panorama(rng.reshape(height, width).astype(np.float32), inten.reshape(height, width).astype(np.float32),
-                    h["semantic"].reshape(height, width), len(d) / dt)
+                    h["semantic"].reshape(height, width), len(d) / dt, az_deg, el_deg,
+                    float(np.rad2deg(heading_rad)), float(max_range_m))
