@@ -3,7 +3,7 @@
 Each notebook in ``notebooks/`` is executed (a copy, in a temporary directory: the committed files with their outputs
 stay untouched) with the ``python3`` kernel, and the ``RESULT {...}`` line its last cell prints is checked against
 the targets of the autodiff issue, so a regression of the final errors fails the test. Each notebook takes about a
-minute on 2 CPU cores.
+minute on 2 CPU cores; they are marked ``notebooks`` (``./dev.sh test --fast`` deselects them).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from pathlib import Path
 
 import nbclient
 import nbformat
+import pytest
+
+pytestmark = pytest.mark.notebooks  # minutes: ./dev.sh test --fast skips them
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
