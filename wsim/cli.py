@@ -51,6 +51,7 @@ def _lidar_overlay(cam, color: np.ndarray, world: np.ndarray, t0: float, t1: flo
 
 
 def demo(args: argparse.Namespace) -> int:
+    _check_demo_time(args)  # --time inside the scene's time range, before any work
     import warp as wp
     from PIL import Image
     from tqdm import tqdm
@@ -143,6 +144,127 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``wsim render: error: ...`` (no usage block; ``--help`` shows it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _init_warp(verbose: bool) -> None:
+    """Initialise Warp. Quiet (the default): no start-up banner, no module-load lines, and no "Could not find or load
+    the NVIDIA CUDA driver" warning on a machine without one; Warp's own warnings and errors still show. ``verbose``
+    keeps Warp's default output."""
+    import os
+    import tempfile
+
+    import warp as wp
+
+    if verbose:
+        wp.config.log_level = wp.LOG_INFO
+        wp.init()
+        return
+    wp.config.log_level = wp.LOG_WARNING  # banner and "Module ... load on device" lines are info messages
+    # Warp's native library prints the missing-driver warning with fprintf(stderr) while wp.init() loads it: catch what
+    # reaches file descriptor 2 during the call and pass on everything but that line.
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        wp.init()
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            wp.init()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    rest = [line for line in text.splitlines(keepends=True)
+            if "Could not find or load the NVIDIA CUDA driver" not in line]
+    if rest:
+        sys.stderr.write("".join(rest))
+        sys.stderr.flush()
+
+
+def _check_device(name: str | None) -> None:
+    """``--device``: a Warp device that exists here (checked before any work starts)."""
+    if name is None:
+        return
+    import warp as wp
+
+    known = ", ".join(str(d) for d in wp.get_devices())
+    if name.startswith("cuda") and wp.get_cuda_device_count() == 0:
+        # asked before wp.get_device: without a driver, Warp's native library prints its own errors for "cuda"
+        raise ValueError(f"--device {name}: no CUDA device (Warp found no NVIDIA GPU and driver; devices here: "
+                         f"{known})")
+    try:
+        wp.get_device(name)
+    except (ValueError, RuntimeError):
+        raise ValueError(f"--device {name}: no such Warp device (devices here: {known})") from None
+
+
+def _check_port(host: str, port: int) -> None:
+    """``wsim serve --host/--port``: the address can be listened on, checked before the scenes load and warm up. gRPC
+    itself would bind with SO_REUSEPORT, which lets a second server share the port of a running one unnoticed."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    if not 0 < port < 65536:
+        raise ValueError(f"--port {port}: not a TCP port (1-65535, or 0 for a free one)")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    for family, kind, proto, _, addr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: a port left in TIME_WAIT is free
+            try:
+                s.bind(addr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise OSError(f"--port {port}: {host}:{port} is already in use (another server?); choose "
+                                  "another --port") from None
+                if e.errno == errno.EACCES:
+                    raise OSError(f"--port {port}: no permission to listen on {host}:{port}") from None
+                # anything else (say, no IPv6 here): gRPC binds what it can and reports the rest
+
+
+def _check_times(scene, *times: tuple[str, float]) -> None:
+    """One policy for every sensor of every command: each time a command renders at, given as (what, t [s]), lies in
+    the scene's time range (a scene without one, start == end, takes any time); else one error naming the option."""
+    lo, hi = scene.time_range
+    if hi <= lo:
+        return
+    for what, t in times:
+        if not lo - 1e-9 <= t <= hi + 1e-9:
+            raise ValueError(f"{what} is outside the scene's time range [{lo:.2f}, {hi:.2f}] s")
+
+
+def _check_demo_time(args: argparse.Namespace):
+    """``wsim demo --time T``: the demo renders the 0.1 s lidar scan that ends at the last 0.1 s step <= T and a 30 ms
+    camera readout from T; both must lie in the scene's time range. Returns the loaded scene."""
+    import math
+
+    import wsim
+
+    scene = wsim.load_scene(args.scene)
+    lo, hi = scene.time_range
+    t = float(args.time)
+    t_scan = math.floor(t * 10.0 + 1e-9) / 10.0
+    if hi > lo and not (t_scan - 0.1 >= lo - 1e-9 and t + 0.03 <= hi + 1e-9):
+        first = math.ceil(lo * 10.0 - 1e-9) / 10.0 + 0.1
+        raise ValueError(f"--time {t:.3f} s is outside the demo's range [{first:.2f}, {hi - 0.03:.2f}] s (the scene's "
+                         f"time range [{lo:.2f}, {hi:.2f}] s less the 0.1 s lidar scan before --time and the 30 ms "
+                         "camera readout after it)")
+    return scene
+
+
 def info(args: argparse.Namespace) -> int:
     import wsim
 
@@ -157,22 +279,27 @@ def render(args: argparse.Namespace) -> int:
     import wsim
 
     scene = wsim.load_scene(args.scene)
+    name = args.sensor
+    lidar = name.upper() in ("PANDAR128", "AT128")
+    if not lidar and name not in scene.cameras:
+        known = ", ".join(["PANDAR128", "AT128", *sorted(scene.cameras)])
+        raise wsim.SceneError(f"--sensor: no sensor {name!r} in {scene.scene_id} (known: {known})")
     t0 = float(args.t0)
+    span = 0.1 if lidar else 0.03
+    t1 = float(args.t1) if args.t1 is not None else t0 + span
+    t1_what = f"--t1 {t1:.3f} s" if args.t1 is not None else f"--t1 {t1:.3f} s (default: --t0 + {span} s)"
+    _check_times(scene, (f"--t0 {t0:.3f} s", t0), (t1_what, t1))
+    if t1 < t0:
+        raise ValueError(f"--t1 {t1:.3f} s is before --t0 {t0:.3f} s")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    name = args.sensor
-    if name.upper() in ("PANDAR128", "AT128"):
-        t1 = float(args.t1) if args.t1 is not None else t0 + 0.1
+    if lidar:
         lidar = wsim.Lidar.preset(name.upper(), scene=scene, rig=scene.ego_trajectory,
                                   mount=_mount(scene, name.upper()), device=args.device, partial_outputs=True)
         pc = lidar.render(t0, t1)
         pc.write_ply(out)
         print(f"{name.upper()}: {pc.count:,} points fired in [{t0:.3f}, {t1:.3f}) s -> {out}")
         return 0
-    if name not in scene.cameras:
-        known = ", ".join(["PANDAR128", "AT128", *sorted(scene.cameras)])
-        raise wsim.SceneError(f"--sensor: no sensor {name!r} in {scene.scene_id} (known: {known})")
-    t1 = float(args.t1) if args.t1 is not None else t0 + 0.03
     w, h = scene.cameras[name].resolution
     size = {"width": args.width, "height": round(args.width * h / w)} if args.width else {}
     cam = wsim.Camera.from_scene(scene, name, device=args.device, **size)
@@ -183,9 +310,16 @@ def render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    return "; ".join(lines) or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``wsim`` console command."""
-    p = argparse.ArgumentParser(prog="wsim", description=__doc__)
+    """Entry point of the ``wsim`` console command. Errors are one line on stderr and a non-zero exit status."""
+    p = _Parser(prog="wsim", description=__doc__)
+    p.add_argument("--verbose", action="store_true", help="show Warp's start-up banner, module-load lines and CUDA "
+                   "driver messages (hidden by default)")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="render the built-in street scene and print a summary")
     d.add_argument("--scene", default="builtin", help="scene file or 'builtin' / 'builtin:nurec' (default builtin)")
@@ -225,14 +359,28 @@ def main(argv: list[str] | None = None) -> int:
                     "then pay for kernel compilation and BVH builds)")
     sv.set_defaults(func=lambda a: __import__("wsim.grpc.server", fromlist=["main"]).main(a))
     args = p.parse_args(argv)
-    import warp as wp
-
-    wp.config.log_level = wp.LOG_WARNING  # no start-up banner or module-compile chatter in the output
     try:
-        return args.func(args)
+        _init_warp(args.verbose)
+        _check_device(args.device if "device" in args else None)
+        if args.command == "serve":
+            _check_port(args.host, args.port)
+        rc = args.func(args)
+        sys.stdout.flush()  # here, so that a closed pipe is noticed in the try
+        return rc
+    except BrokenPipeError:  # `wsim info | head -1`: the reader left; no message (Python's docs, "Note on SIGPIPE")
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush has nowhere to fail
+        except (OSError, ValueError):
+            pass
+        return 1
     except (ValueError, OSError) as e:  # bad input (SceneError, LidarConfigError, ...): one line, not a traceback
-        print(f"wsim: error: {e}", file=sys.stderr)
+        print(f"wsim: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("wsim: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
