@@ -4,8 +4,9 @@
 The artifact is a zip archive (read with :mod:`zipfile`, never extracted into the working directory) holding:
 
 ``metadata.yaml``
-    ``scene_id`` (required), ``version_string``, ``uuid``, ``sensors.{camera_ids, lidar_ids}``,
-    ``time_range.{start, end}`` [us]. Every other key is kept as is (``write_nurec`` stores the rest of
+    ``scene_id`` (required), ``version_string``, ``training_date``, ``dataset_hash``, ``uuid``, ``is_resumable``,
+    ``sensors.{camera_ids, lidar_ids}``, ``logger.{name, run_id, run_url}``, ``time_range.{start, end}`` [us] (the
+    fields AlpaSim's ``Metadata`` requires). Every other key is kept as is (``write_nurec`` stores the rest of
     ``Scene.metadata`` there, e.g. the built-in scene's ``sensor_rig``).
 ``rig_trajectories.json``
     ``world_to_nre.matrix`` (4x4), ``camera_calibrations`` {unique_id: {logical_sensor_name, camera_model:
@@ -13,7 +14,8 @@ The artifact is a zip archive (read with :mod:`zipfile`, never extracted into th
     cameras_frame_timestamps_us, rig_bbox}], ``T_world_base``.
 ``sequence_tracks.json``
     {sequence_id: {tracks_data: {tracks_id, tracks_label_class, tracks_flags, tracks_timestamps_us, tracks_poses},
-    cuboidtracks_data: {cuboids_dims}}}.
+    cuboidtracks_data: {cuboids_dims}}}. ``tracks_flags`` entries are lists of flag strings (``["CONTROLLABLE"]``)
+    or one ``|``-separated string; the integer 0 of older wsim files reads as no flags.
 ``mesh.ply``, ``mesh_ground.ply``
     Binary or ASCII PLY: vertex x, y, z (+ optional red, green, blue) and face vertex_indices (polygons are
     fan-triangulated).
@@ -32,7 +34,8 @@ Choices made where the public format leaves room (wsim's own conventions):
 - **Tracks.** A track pose is the local pose of the cuboid centre, (x, y, z, qx, qy, qz, qw). Each track becomes an
   :class:`Instance`; without a stored mesh its prototype is a proxy box of the cuboid size centred on the local origin
   (one prototype per track, painted steel, the track's label lowercased as semantic class). A single-timestamp track
-  is a static instance. ``tracks_flags`` are kept in metadata and not interpreted (``write_nurec`` writes 0).
+  is a static instance, and so is a track whose poses are all equal. ``tracks_flags`` are kept per track id in
+  ``Scene.metadata["nurec"]["tracks_flags"][sequence_id]`` and not interpreted.
 - **Colours.** PLY vertex colours are sRGB (uchar, or float in [0, 1]); they are converted to the linear colours of
   :attr:`MeshData.colors`. ``write_nurec`` writes each vertex with the sRGB-encoded base colour of its triangle's
   material (or the mesh's own colours when it has them).
@@ -48,14 +51,21 @@ Choices made where the public format leaves room (wsim's own conventions):
   :func:`wsim.scene.usd.load_usd` (the archive is unpacked into a temporary directory for that); the PLY meshes are
   then ignored. Tracks whose id matches no instance name of the USD scene are added as proxies; ego trajectory and
   cameras still come from ``rig_trajectories.json``.
-- **Writing.** ``mesh_ground.ply`` holds the static triangles whose part has class "road", "sidewalk" or "ground";
-  ``mesh.ply`` the rest. Every instance becomes a track (a static one with a single timestamp); track id =
-  instance name (made unique). Members are written in a fixed order with fixed zip timestamps and deflate, so the same
+- **Writing** (what AlpaSim's runtime reads; the README's NuRec section maps each field to its source).
+  ``mesh_ground.ply`` holds the static triangles whose part has class "road", "sidewalk" or "ground";
+  ``mesh.ply`` the rest. Every instance becomes a track; track id = instance name (made unique). A moving instance
+  is flagged ``["CONTROLLABLE"]`` (AlpaSim treats exactly those as dynamic), a static one ``[]`` and written with two
+  samples at the start and end of the scene's time range (AlpaSim smooths every track, which needs two samples, and
+  drops tracks shorter than 3 s); flags read from a NuRec file are written back as they were. Camera parameters
+  use NuRec's ``principal_point`` / ``focal_length`` [x, y] lists (both forms are read). ``training_date`` is the
+  scene's own or ``1970-01-01`` (wsim's scenes are not trained), ``is_resumable`` false, ``logger`` fields null,
+  ``dataset_hash`` the SHA-256 of every other member. Members are written in a fixed order with fixed zip timestamps and deflate, so the same
   scene always gives byte-identical files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -85,6 +95,8 @@ __all__ = [
 ]
 
 SIDECAR = "wsim_materials.json"
+#: ``training_date`` written for scenes that were not trained (built or converted by wsim) and carry none.
+NOT_TRAINED_DATE = "1970-01-01"
 GROUND_CLASSES = ("road", "sidewalk", "ground")
 _USD_EXT = (".usda", ".usdc", ".usd")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
@@ -460,6 +472,12 @@ def _parse_camera(uid: str, cal: Any, where: str) -> CameraCalibration:
     if mtype not in aliases:
         raise SceneError(f"{where}.camera_model: unknown type {mtype!r} (ftheta, opencv_pinhole, opencv_fisheye)")
     params = dict(_field(model, "parameters", f"{where}.camera_model", dict))
+    for pair in ("principal_point", "focal_length"):  # NuRec's [x, y] lists → the CameraSpec's _x / _y fields
+        if pair in params:
+            xy = params.pop(pair)
+            if not (isinstance(xy, (list, tuple)) and len(xy) == 2 and all(_is_number(v) for v in xy)):
+                raise SceneError(f"{where}.camera_model.parameters: field '{pair}' must be [x, y] numbers, got {xy!r}")
+            params[f"{pair}_x"], params[f"{pair}_y"] = float(xy[0]), float(xy[1])
     res = params.pop("resolution", None)
     if res is None and "resolution_w" in params:
         res = [params.pop("resolution_w"), params.pop("resolution_h", 0)]
@@ -473,6 +491,22 @@ def _parse_camera(uid: str, cal: Any, where: str) -> CameraCalibration:
     m = _matrix(_field(cal, "T_sensor_rig", where), f"{where}: T_sensor_rig")
     t, q = _decompose(m, f"{where}: T_sensor_rig")
     return CameraCalibration(str(logical), aliases[mtype], params, resolution, (t, q), shutter, str(uid))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _track_flags(flags: Any, where: str) -> list[str]:
+    """One track's ``tracks_flags`` entry as a list of flag strings. NuRec and AlpaSim write a list of strings
+    (``["CONTROLLABLE"]``) or one string (``"DYNAMIC|CONTROLLABLE"``); wsim before the AlpaSim schema wrote 0."""
+    if isinstance(flags, str):
+        return [f for f in flags.replace(",", "|").split("|") if f and f != "NONE"]
+    if isinstance(flags, list) and all(isinstance(f, str) for f in flags):
+        return [f for f in flags if f != "NONE"]
+    if _is_number(flags) and flags == 0:
+        return []
+    raise SceneError(f"{where}: tracks_flags entry must be a list of flag strings, got {flags!r}")
 
 
 def _box_mesh(size: np.ndarray, part: int, name: str) -> MeshData:
@@ -607,7 +641,10 @@ def _add_tracks(scene: Scene, ar: _Archive, doc: Any, side: dict[str, Any] | Non
                           ("cuboidtracks_data.cuboids_dims", dims)):
             if not isinstance(arr, list) or len(arr) != n:
                 raise SceneError(f"{sw}: field '{name}' must list one entry per track ({n})")
-        flags_meta[str(seq_id)] = td.get("tracks_flags", [])
+        flags = td.get("tracks_flags", [[]] * n)
+        if not isinstance(flags, list) or len(flags) != n:
+            raise SceneError(f"{sw}: field 'tracks_flags' must list one entry per track ({n})")
+        flags_meta[str(seq_id)] = {str(ids[k]): _track_flags(flags[k], f"{sw}: track {ids[k]}") for k in range(n)}
         for k in range(n):
             tid = str(ids[k])
             tw = f"{sw}: track {tid}"
@@ -623,6 +660,8 @@ def _add_tracks(scene: Scene, ar: _Archive, doc: Any, side: dict[str, Any] | Non
                 raise SceneError(f"{tw}: non-finite pose or cuboid dims")
             if np.any(np.diff(times) <= 0):
                 raise SceneError(f"{tw}: timestamps must be strictly increasing")
+            if len(times) > 1 and np.all(pose == pose[:1]):
+                times, pose = times[:1], pose[:1]  # a static track sampled at both ends of the scene: one key
             if tid in existing:
                 continue  # the USD layer already has this object
             if np.any(np.linalg.norm(pose[:, 3:], axis=1) < 1e-9):
@@ -751,7 +790,11 @@ def write_nurec(
 
     # ---- tracks (every instance)
     track_ids = _unique_names([i.name for i in scene.instances])
-    tr_labels, tr_stamps, tr_poses, tr_dims, tr_extra = [], [], [], [], {}
+    t0, t1 = scene.time_range
+    if scene.ego_trajectory is not None and t1 <= t0:
+        t0, t1 = float(scene.ego_trajectory.times[0]), float(scene.ego_trajectory.times[-1])
+    old_flags = nmeta.get("tracks_flags", {}).get(seq, {}) if isinstance(nmeta.get("tracks_flags"), dict) else {}
+    tr_labels, tr_stamps, tr_poses, tr_dims, tr_flags, tr_extra = [], [], [], [], [], {}
     for inst, tid in zip(scene.instances, track_ids):
         proto = scene.prototypes[inst.prototype]
         if inst.semantic_class > 0:
@@ -767,8 +810,16 @@ def write_nurec(
         else:
             dim = np.ones(3)
         tr_labels.append(label)
-        tr_stamps.append([us(t) for t in inst.times])
-        tr_poses.append(np.concatenate([inst.translations, inst.rotations], axis=1).tolist())
+        times, poses = inst.times, np.concatenate([inst.translations, inst.rotations], axis=1)
+        if len(times) == 1:  # AlpaSim smooths every track: a static one is written at both ends of the scene
+            times = np.array([t0, max(t1, t0 + 1e-6)])
+            poses = np.repeat(poses, len(times), axis=0)
+        tr_stamps.append([us(t) for t in times])
+        tr_poses.append(poses.tolist())
+        flags = old_flags.get(tid) if isinstance(old_flags, dict) else None
+        if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+            flags = ["CONTROLLABLE"] if inst.is_moving else []
+        tr_flags.append(list(flags))
         tr_dims.append([float(x) for x in dim])
         extra: dict[str, Any] = {"prototype": int(inst.prototype), "object_id": int(inst.object_id),
                                  "semantic_class": label if inst.semantic_class > 0 else ""}
@@ -776,7 +827,7 @@ def write_nurec(
             extra["scales"] = inst.scales.tolist()
         tr_extra[tid] = extra
     tracks_doc = {seq: {
-        "tracks_data": {"tracks_id": track_ids, "tracks_label_class": tr_labels, "tracks_flags": [0] * len(track_ids),
+        "tracks_data": {"tracks_id": track_ids, "tracks_label_class": tr_labels, "tracks_flags": tr_flags,
                         "tracks_timestamps_us": tr_stamps, "tracks_poses": tr_poses},
         "cuboidtracks_data": {"cuboids_dims": tr_dims},
     }}
@@ -786,14 +837,14 @@ def write_nurec(
     for logical, cal in scene.cameras.items():
         uid = cal.unique_id or logical
         params = dict(_plain(cal.params))
+        for pair in ("principal_point", "focal_length"):
+            if f"{pair}_x" in params and f"{pair}_y" in params:
+                params[pair] = [float(params.pop(f"{pair}_x")), float(params.pop(f"{pair}_y"))]
         params["resolution"] = [int(cal.resolution[0]), int(cal.resolution[1])]
         params["shutter_type"] = cal.shutter_type
         cams_doc[uid] = {"logical_sensor_name": cal.logical_id or logical,
                          "camera_model": {"type": cal.model, "parameters": params},
                          "T_sensor_rig": compose_matrix(*cal.camera_to_rig).tolist()}
-    t0, t1 = scene.time_range
-    if scene.ego_trajectory is not None and t1 <= t0:
-        t0, t1 = float(scene.ego_trajectory.times[0]), float(scene.ego_trajectory.times[-1])
     rig_entries = []
     if scene.ego_trajectory is not None:
         eg = scene.ego_trajectory
@@ -824,14 +875,20 @@ def write_nurec(
     lidar_ids = list(meta.get("sensors", {}).get("lidar_ids", [])) if isinstance(meta.get("sensors"), dict) else []
     if not lidar_ids and isinstance(meta.get("sensor_rig"), dict):
         lidar_ids = list((meta["sensor_rig"].get("lidars") or {}).keys())
+    logger = meta.get("logger") if isinstance(meta.get("logger"), dict) else {}
     meta.update({
         "scene_id": scene.scene_id,
         "version_string": version_string,
+        "training_date": str(meta.get("training_date") or NOT_TRAINED_DATE),
+        "dataset_hash": "",  # filled below from the other members' bytes
         "uuid": str(meta.get("uuid") or _uuid.uuid5(_uuid.NAMESPACE_URL, f"wsim:{scene.scene_id}")),
+        "is_resumable": bool(meta.get("is_resumable", False)) if isinstance(meta.get("is_resumable"), bool) else False,
         "sensors": {"camera_ids": [c.logical_id or k for k, c in scene.cameras.items()], "lidar_ids": lidar_ids},
+        "logger": {k: (None if logger.get(k) is None else str(logger[k])) for k in ("name", "run_id", "run_url")},
         "time_range": {"start": us(t0), "end": us(t1)},
     })
-    order = ["scene_id", "version_string", "uuid", "sensors", "time_range"]
+    order = ["scene_id", "version_string", "training_date", "dataset_hash", "uuid", "is_resumable", "sensors",
+             "logger", "time_range"]
     meta = {**{k: meta[k] for k in order}, **{k: v for k, v in meta.items() if k not in order}}
 
     # ---- sidecar + prototypes
@@ -858,12 +915,13 @@ def write_nurec(
     def js(obj: Any) -> bytes:
         return json.dumps(_plain(obj), separators=(",", ":")).encode("utf-8")
 
-    head = [
-        ("metadata.yaml", yaml.safe_dump(_plain(meta), sort_keys=False).encode("utf-8")),
-        ("rig_trajectories.json", js(rig_doc)),
-        ("sequence_tracks.json", js(tracks_doc)),
-    ]
-    all_members = head + members + [(SIDECAR, js(sidecar))] + proto_members
+    rest = [("rig_trajectories.json", js(rig_doc)), ("sequence_tracks.json", js(tracks_doc))] + members + [
+        (SIDECAR, js(sidecar))] + proto_members
+    digest = hashlib.sha256()
+    for name, data in rest:
+        digest.update(name.encode("utf-8") + b"\0" + len(data).to_bytes(8, "little") + data)
+    meta["dataset_hash"] = digest.hexdigest()
+    all_members = [("metadata.yaml", yaml.safe_dump(_plain(meta), sort_keys=False).encode("utf-8"))] + rest
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
