@@ -60,8 +60,9 @@ class SensorsimServer:
                                           assets_dir=assets_dir, max_message_bytes=max_message_bytes,
                                           max_workers=max_workers, api_version=api_version,
                                           on_shutdown=self.shutdown, unknown_tracks=unknown_tracks)
+        # no SO_REUSEPORT: a second server on a port in use fails instead of silently sharing it
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wsim-rpc"),
-                                   options=channel_options(max_message_bytes))
+                                   options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)])
         sensorsim_pb2_grpc.add_SensorsimServiceServicer_to_server(self.servicer, self._server)
         self._stopped = threading.Event()
 
@@ -71,9 +72,12 @@ class SensorsimServer:
 
     def start(self) -> int:
         """Bind and start serving; returns the port."""
-        bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        try:
+            bound = self._server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError:  # current grpcio raises where older releases returned 0
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind {self.host}:{self.port}")
+            raise OSError(f"cannot bind {self.host}:{self.port}: address in use or not available")
         self.port = bound
         self._server.start()
         return bound
