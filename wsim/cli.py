@@ -36,22 +36,27 @@ def _mount(scene, name: str) -> tuple:
     return tuple(ROOF_MOUNT_M), (0.0, 0.0, 0.0, 1.0)
 
 
-def _lidar_overlay(cam, color: np.ndarray, world: np.ndarray, t0: float, t1: float) -> np.ndarray:
-    """World points projected into the camera image (rolling-shutter solve), coloured by depth (Turbo, 0-60 m)."""
-    from wsim.sensors.topdown import turbo_colors
+def _lidar_overlay(cam, color: np.ndarray, pc, scene, distance: np.ndarray, t0: float, t1: float,
+                   vmax: float = 60.0):
+    """A WORLD-frame Cartesian lidar PointCloud projected into the camera image (rolling-shutter solve): points on
+    moving objects are moved with their object from their firing time to the readout time of the pixel that images
+    them, points behind the camera's own surface (``distance``, the frame's DISTANCE image) by more than
+    max(0.5 m, 3 %) are dropped, the rest coloured by distance from the camera (Turbo, 0-``vmax`` m).
 
-    pix, depth, _, valid = cam.project(world, t0, t1).numpy()
-    img = color.copy()
-    h, w = img.shape[:2]
-    u = np.floor(pix[valid, 0]).astype(int)
-    v = np.floor(pix[valid, 1]).astype(int)
-    ok = (u >= 0) & (u < w) & (v >= 0) & (v < h)
-    img[v[ok], u[ok]] = turbo_colors(depth[valid][ok], 60.0)
-    return img
+    Returns:
+        (image (H, W, 3) uint8, :class:`wsim.sensors.figures.LidarOnCamera`).
+    """
+    from wsim.sensors.figures import draw_lidar_points, lidar_point_instances, lidar_point_times, project_lidar
+
+    proj = project_lidar(cam, pc.xyz(), t0, t1, distance=distance, scene=scene,
+                         instance=lidar_point_instances(pc, scene), times=lidar_point_times(pc, scene))
+    return draw_lidar_points(color, proj, vmax), proj
 
 
 def demo(args: argparse.Namespace) -> int:
-    _check_demo_time(args)  # --time inside the scene's time range, before any work
+    load_t0 = time.perf_counter()
+    scene = _check_demo_time(args)  # loads the scene; --time must lie inside its time range, before any work
+    load_s = time.perf_counter() - load_t0
     import warp as wp
     from PIL import Image
     from tqdm import tqdm
@@ -59,29 +64,37 @@ def demo(args: argparse.Namespace) -> int:
     import wsim
     from wsim.scene.transforms import quat_to_matrix
     from wsim.sensors.panorama import render_panorama
+    from wsim.sensors import figures
     from wsim.sensors.lidar_config import CoordsType, FrameOfReference
     from wsim.sensors.topdown import topdown_image
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    figs = out / "figures"  # the annotated pictures (title, colour bars / legend, axes) of the raw images
+    figs.mkdir(parents=True, exist_ok=True)
+    fig_s = 0.0
     steps = tqdm(total=6, desc="wsim demo", unit="step", disable=args.quiet)
-    t0 = time.perf_counter()
-    scene = wsim.load_scene(args.scene)
-    load_s = time.perf_counter() - t0
     steps.update()
     t_render = float(args.time)
     if scene.ego_trajectory is not None:
         tr, q = scene.ego_trajectory.pose_at(t_render)
         position = tr + quat_to_matrix(q) @ ROOF_MOUNT_M
+        heading = float(np.arctan2(quat_to_matrix(q)[1, 0], quat_to_matrix(q)[0, 0]))  # ego yaw [rad]
     else:
-        position = ROOF_MOUNT_M
+        position, heading = ROOF_MOUNT_M, 0.0
     t0 = time.perf_counter()
     scene.device_geometry(args.device)
     build_s = time.perf_counter() - t0
     steps.update()
-    pano = render_panorama(scene, position, time=t_render, device=args.device)
+    pano = render_panorama(scene, position, time=t_render, heading_rad=heading, device=args.device)
     png = out / "panorama_range_intensity.png"
     Image.fromarray(pano.to_image()).save(png)
+    t0 = time.perf_counter()
+    figures.panorama_figure(pano, title=(
+        f"360° range and intensity panorama from the roof ({position[0]:.2f}, {position[1]:.2f}, "
+        f"{position[2]:.2f}) m, every ray at t = {t_render:.2f} s ({pano.range_m.shape[1]} x "
+        f"{pano.range_m.shape[0]} rays, {360 / pano.range_m.shape[1]:.2f}° x "
+        f"{abs(pano.elevation_deg[0] - pano.elevation_deg[1]):.2f}°)")).save(figs / png.name)
+    fig_s += time.perf_counter() - t0
     steps.update()
     lidar_lines = []
     for name in ("PANDAR128", "AT128"):
@@ -96,6 +109,11 @@ def demo(args: argparse.Namespace) -> int:
         pc.write_ply(stem.with_suffix(".ply"))
         inten = pc["Intensity"].numpy()
         Image.fromarray(topdown_image(pc.xyz(), inten)).save(stem.with_name(stem.name + "_topdown.png"))
+        t0 = time.perf_counter()
+        figures.topdown_figure(pc.xyz(), inten, title=(
+            f"{name} seen from above: {pc.count:,} returns of the scan {t_scan - 0.1:.1f}-{t_scan:.1f} s, "
+            "coloured by intensity"), frame_name=f"{name} sensor frame").save(figs / (stem.name + "_topdown.png"))
+        fig_s += time.perf_counter() - t0
         lidar_lines.append(f"{name.lower():<16} {pc.count:,} points in {dt:.2f} s (scan {t_scan - 0.1:.1f}-"
                            f"{t_scan:.1f} s, mean intensity {inten.mean():.3f}) -> {stem.name}.ply, "
                            f"{stem.name}_topdown.png")
@@ -103,7 +121,7 @@ def demo(args: argparse.Namespace) -> int:
         if name == "PANDAR128":
             world_lidar = lidar.with_config(output_frame_of_reference=FrameOfReference.WORLD,
                                             elements_coords_type=CoordsType.CARTESIAN)
-            world_points = world_lidar.render(t_scan - 0.1, t_scan).xyz()
+            world_pc = world_lidar.render(t_scan - 0.1, t_scan)  # with ObjectId and TimeOffsetNs per point
     # the front f-theta camera at the moving ego pose: colour, distance, semantics, and the sweep overlaid
     steps.set_postfix_str("camera")
     cam_id = "camera_front_wide_120fov"
@@ -113,18 +131,45 @@ def demo(args: argparse.Namespace) -> int:
                                      device=args.device)
         c0, c1 = t_render, t_render + 0.03  # 30 ms rolling-shutter readout
         t0 = time.perf_counter()
-        frame = cam.render(scene, c0, c1, products=("color", "distance", "distance_colorized",
+        frame = cam.render(scene, c0, c1, products=("color", "distance", "distance_colorized", "semantics",
                                                     "semantics_colorized"))
         dt = time.perf_counter() - t0
-        color = frame.color.numpy()
+        color, distance = frame.color.numpy(), frame.distance.numpy()
         Image.fromarray(color).save(out / "camera_front_color.png")
         Image.fromarray(frame.distance_colorized.numpy()).save(out / "camera_front_distance.png")
         Image.fromarray(frame.semantics_colorized.numpy()).save(out / "camera_front_semantics.png")
-        np.save(out / "camera_front_distance_m.npy", frame.distance.numpy())
-        overlay = _lidar_overlay(cam, color, world_points, c0, c1)
+        np.save(out / "camera_front_distance_m.npy", distance)
+        t0 = time.perf_counter()
+        overlay, proj = _lidar_overlay(cam, color, world_pc, scene, distance, c0, c1)
+        overlay_s = time.perf_counter() - t0
         Image.fromarray(overlay).save(out / "camera_front_lidar_overlay.png")
+        n_in, n_occ = int(proj.in_image.sum()), int((proj.in_image & proj.occluded).sum())
+        n_mov = int((proj.visible & proj.compensated).sum())
+        t0 = time.perf_counter()
+        when = f"{cam.width}x{cam.height}, rolling shutter {c0:.3f}-{c1:.3f} s"
+        figures.camera_figure(color, title=f"{cam_id} colour ({when})").save(figs / "camera_front_color.png")
+        figures.camera_figure(frame.distance_colorized.numpy(), colorbar=(frame.vmax, "distance [m]"),
+                              title=f"{cam_id} distance from the camera centre ({when})",
+                              notes=["black: no hit (sky) or outside the lens's field of view; "
+                                     "raw values [m]: camera_front_distance_m.npy"]
+                              ).save(figs / "camera_front_distance.png")
+        figures.camera_figure(frame.semantics_colorized.numpy(), title=f"{cam_id} semantic classes ({when})",
+                              legend=figures.semantic_legend(frame.semantics.numpy(), frame.semantic_classes),
+                              legend_heading="class, share of pixels").save(figs / "camera_front_semantics.png")
+        figures.camera_figure(overlay, colorbar=(60.0, "distance from camera [m]"), title=(
+            f"PANDAR128 scan {t_scan - 0.1:.1f}-{t_scan:.1f} s on {cam_id} ({when})"), notes=[
+            f"{n_in - n_occ:,} of the scan's {world_pc.count:,} points drawn where the rolling shutter images "
+            f"them; {n_occ:,} more ({n_occ / max(n_in, 1):.1%} of those in the image) dropped as occluded: farther "
+            "than the camera's distance image at their pixel by > max(0.5 m, 3 %).",
+            f"{n_mov:,} points on moving objects moved with their object from the firing time to the pixel's "
+            "readout time."]
+        ).save(figs / "camera_front_lidar_overlay.png")
+        fig_s += time.perf_counter() - t0
         camera_lines.append(f"{cam_id:<16} {cam.width}x{cam.height} rolling shutter in {dt:.2f} s -> "
                             "camera_front_{color,distance,semantics,lidar_overlay}.png")
+        camera_lines.append(f"lidar overlay    {n_in - n_occ:,} pandar128 points drawn, {n_occ:,} "
+                            f"({n_occ / max(n_in, 1):.1%} of those in the image) dropped as occluded, {n_mov:,} on "
+                            f"moving objects motion-compensated, in {overlay_s:.2f} s")
     steps.update()
     steps.close()
     hit = float((pano.range_m > 0).mean())
@@ -136,6 +181,8 @@ def demo(args: argparse.Namespace) -> int:
         f"trace rate       {pano.rays_per_second / 1e6:.2f} M closest-hit rays/s",
         *lidar_lines,
         *camera_lines,
+        f"figures          titles, colour bars with units, class legend, azimuth/elevation ticks, top-down axes, "
+        f"scale bar and sensor marker in {fig_s:.2f} s -> figures/<same name>.png",
         f"wrote            {out}/",
     ]
     text = "\n".join(lines)
