@@ -3,7 +3,11 @@
 from .materials import Material, decode_material_id, encode_material_id
 from .scene import CameraCalibration, Instance, MeshData, Part, Scene, SceneError, Trajectory
 
+# After .scene: importing the geometry module installs Scene.device_geometry's builder (SceneGeometry.of).
+from .geometry import Hits, SceneGeometry  # noqa: E402
+
 __all__ = [
-    "CameraCalibration", "Instance", "Material", "MeshData", "Part", "Scene", "SceneError", "Trajectory",
+    "CameraCalibration", "Hits", "Instance", "Material", "MeshData", "Part", "Scene", "SceneError", "SceneGeometry",
+    "Trajectory",
     "decode_material_id", "encode_material_id",
 ]

@@ -12,7 +12,7 @@ import warp as wp
 
 from .. import launch as _launch
 from ..kernels import trace as _trace
-from .scene import Scene
+from .scene import Scene, set_device_geometry_builder
 from .widebvh import build_wide_bvh
 from .transforms import quat_slerp, quat_to_matrix
 
@@ -50,7 +50,8 @@ class Hits:
 
 
 class SceneGeometry:
-    """The device geometry of a scene. Obtain it with :meth:`Scene.device_geometry`.
+    """The device geometry of a scene. Obtain it with :meth:`Scene.device_geometry` (or :meth:`of`), which builds it
+    once per scene and device.
 
     Args:
         scene: The host scene.
@@ -117,6 +118,16 @@ class SceneGeometry:
         self._build_tlas(geo, None)
         self._set_wide(geo)
         self.geo = geo
+
+    @classmethod
+    def of(cls, scene: Scene, device: str | None = None) -> SceneGeometry:
+        """The geometry of ``scene`` on ``device``, built on first use and cached on the scene by device name (what
+        :meth:`Scene.device_geometry` returns)."""
+        key = str(wp.get_device(device))
+        cache = scene._device_cache  # noqa: SLF001 - the scene's slot for derived device data
+        if key not in cache:
+            cache[key] = cls(scene, device=key)
+        return cache[key]
 
     def _set_wide(self, geo: _trace.SceneGeo) -> None:
         """Attach the static mesh's 8-wide BVH (CPU) to ``geo``, or switch it off (CUDA, or a mesh it can't serve)."""
@@ -297,3 +308,6 @@ class SceneGeometry:
         _launch.launch(_trace.trace_all_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max), int(max_hits)],
                        [hits, counts], device=d, threads=threads)
         return Hits(hits, counts)
+
+
+set_device_geometry_builder(SceneGeometry.of)

@@ -8,12 +8,25 @@ Conventions (one source of truth, used everywhere):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .materials import Material
+
+
+#: Builds (or returns the cached) device geometry of a scene on a device: ``SceneGeometry.of``, installed by
+#: :mod:`wsim.scene.geometry` when it is imported (the package ``wsim.scene`` imports it). Geometry depends on this
+#: module, never the reverse: :class:`Scene` stays a plain host description.
+_device_geometry_builder: Callable[[Scene, str | None], Any] | None = None
+
+
+def set_device_geometry_builder(builder: Callable[[Scene, str | None], Any]) -> None:
+    """Install the function :meth:`Scene.device_geometry` calls (done by :mod:`wsim.scene.geometry`)."""
+    global _device_geometry_builder
+    _device_geometry_builder = builder
 
 
 class SceneError(ValueError):
@@ -213,6 +226,8 @@ class Scene:
         camera_prims: Prim paths of USD Camera prims.
         metadata: Free-form loader metadata (e.g. NuRec metadata.yaml contents).
         skipped: Messages about prims that were skipped while loading.
+        _device_cache: Device geometry built from this scene, by device name (filled by
+            :meth:`wsim.scene.geometry.SceneGeometry.of`; the scene never looks inside).
     """
 
     static: MeshData
@@ -279,12 +294,11 @@ class Scene:
             raise SceneError(f"{src}: the scene has no geometry")
 
     def device_geometry(self, device: str | None = None):
-        """The device-side geometry (static wp.Mesh, prototype BLASes, instance table, TLAS), built once per device."""
-        from .geometry import SceneGeometry
+        """The device-side geometry (static wp.Mesh, prototype BLASes, instance table, TLAS), built once per device.
 
-        import warp as wp
-
-        key = str(wp.get_device(device))
-        if key not in self._device_cache:
-            self._device_cache[key] = SceneGeometry(self, device=key)
-        return self._device_cache[key]
+        Returns :meth:`wsim.scene.geometry.SceneGeometry.of` ``(self, device)``; the geometry is cached in
+        ``_device_cache`` by device name.
+        """
+        if _device_geometry_builder is None:
+            raise RuntimeError("Scene.device_geometry: wsim.scene.geometry is not imported")
+        return _device_geometry_builder(self, device)
