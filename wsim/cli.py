@@ -402,6 +402,22 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--unknown-tracks", choices=("error", "ignore"), default="error",
                     help="dynamic_objects naming a track the scene lacks: NOT_FOUND (error, default) or a warning "
                     "once per id and a render without it (ignore)")
+    from wsim.grpc.budget import RequestBudget  # noqa: PLC0415 - defaults shown in --help
+
+    lim = RequestBudget()
+    sv.add_argument("--max-image-pixels", type=int, default=lim.max_image_pixels,
+                    help=f"pixels of one image, width x height (default {lim.max_image_pixels:,})")
+    sv.add_argument("--max-request-pixels", type=int, default=lim.max_request_pixels,
+                    help=f"pixels of all images of one batch or aggregated request (default {lim.max_request_pixels:,})")
+    sv.add_argument("--max-images", type=int, default=lim.max_images,
+                    help=f"images of one request (default {lim.max_images})")
+    sv.add_argument("--max-lidar-sweeps", type=int, default=lim.max_lidar_sweeps,
+                    help=f"lidar sweeps of one request (default {lim.max_lidar_sweeps})")
+    sv.add_argument("--shutdown-grace", type=float, default=30.0,
+                    help="seconds in-flight requests get on shut_down or the first SIGTERM/SIGINT; a second signal "
+                    "stops at once (default 30)")
+    sv.add_argument("--allow-remote-shutdown", action="store_true",
+                    help="accept the shut_down RPC from other machines (clients on this machine always may)")
     sv.add_argument("--no-warm-up", action="store_true", help="skip the start-up warm-up renders (the first requests "
                     "then pay for kernel compilation and BVH builds)")
     sv.set_defaults(func=lambda a: __import__("wsim.grpc.server", fromlist=["main"]).main(a))

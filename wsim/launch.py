@@ -2,18 +2,48 @@
 
 Warp runs a CPU launch on one core and releases the GIL while it runs, so disjoint index ranges launched from a
 thread pool run in parallel. Each shard writes only its own outputs: results are bit-identical to one launch.
+
+Cancellation: inside :func:`cancellable` every launch made by the same thread checks the given predicate before it
+starts and between its CPU shards; once it is true the launch stops early and raises :class:`Cancelled` (the outputs
+are then incomplete and must be discarded). The gRPC server uses it to stop renders whose client has gone.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import warp as wp
 
 _POOL: ThreadPoolExecutor | None = None
 _MIN_SHARD = 2048
+_local = threading.local()
+
+
+class Cancelled(RuntimeError):
+    """A launch stopped because the predicate of the enclosing :func:`cancellable` became true."""
+
+
+@contextmanager
+def cancellable(is_cancelled: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, launches from this thread stop (raising :class:`Cancelled`) once ``is_cancelled()``."""
+    previous = getattr(_local, "is_cancelled", None)
+    _local.is_cancelled = is_cancelled
+    try:
+        yield
+    finally:
+        _local.is_cancelled = previous
+
+
+def check_cancelled() -> None:
+    """Raise :class:`Cancelled` if the enclosing :func:`cancellable` predicate is true (a point between steps)."""
+    fn = getattr(_local, "is_cancelled", None)
+    if fn is not None and fn():
+        raise Cancelled("cancelled")
 
 
 def cpu_threads() -> int:
@@ -47,6 +77,8 @@ def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, t
     """
     if dim <= 0:
         return
+    check_cancelled()
+    is_cancelled = getattr(_local, "is_cancelled", None)
     dev = wp.get_device(device)
     n = 1 if dev.is_cuda else (threads or cpu_threads())
     if n <= 1 or dim < 2 * _MIN_SHARD:
@@ -58,9 +90,16 @@ def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, t
     # compile/load once on this thread before fanning out
     wp.load_module(kernel.module, device=dev)
 
+    stopped = threading.Event()
+
     def run(k: int) -> None:
+        if stopped.is_set() or (is_cancelled is not None and is_cancelled()):
+            stopped.set()
+            return
         a, b = bounds[k], bounds[k + 1]
         if b > a:
             wp.launch(kernel, dim=b - a, inputs=[*inputs, a], outputs=outputs, device=dev)
 
     list(_pool(n).map(run, range(shards)))
+    if stopped.is_set():
+        raise Cancelled("cancelled between launch shards")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..scene.scene import CameraCalibration, Trajectory
-from .errors import invalid
+from .errors import clip, invalid
 from .stubs import common_pb2, sensorsim_pb2
 
 Pose = tuple[np.ndarray, np.ndarray]
@@ -64,10 +64,27 @@ def trajectory_to_proto(traj: Trajectory, time_origin_us: int) -> common_pb2.Tra
 # --------------------------------------------------------------------------------------------------------- time
 
 
-def frame_times(start_us: int, end_us: int, time_origin_us: int) -> tuple[float, float]:
-    """Scene seconds of a frame's [start, end] absolute microseconds (end ≥ start)."""
+#: How far outside the scene's time range a frame may lie [s]: sensor and object poses are held (clamped) there.
+MAX_TIME_OUTSIDE_S = 600.0
+
+
+def frame_times(start_us: int, end_us: int, time_origin_us: int,
+                time_range: tuple[float, float] | None = None) -> tuple[float, float]:
+    """Scene seconds of a frame's [start, end] absolute microseconds (end ≥ start).
+
+    With ``time_range`` (the scene's, [s]) both ends must lie within :data:`MAX_TIME_OUTSIDE_S` of it: times far
+    outside are a client's mistake (e.g. seconds sent as microseconds), and would overflow nanosecond clocks.
+    """
     if end_us < start_us:
         raise invalid(f"frame_end_us: {end_us} is before frame_start_us {start_us}")
+    if time_range is not None:
+        lo_us = time_origin_us + int(round((time_range[0] - MAX_TIME_OUTSIDE_S) * 1e6))
+        hi_us = time_origin_us + int(round((time_range[1] + MAX_TIME_OUTSIDE_S) * 1e6))
+        for name, v in (("frame_start_us", start_us), ("frame_end_us", end_us)):
+            if not lo_us <= v <= hi_us:
+                a, b = (time_origin_us + round(t * 1e6) for t in time_range)
+                raise invalid(f"{name}: {v} us is outside the scene's time range [{a}, {b}] us by more than "
+                              f"{MAX_TIME_OUTSIDE_S:.0f} s")
     return (start_us - time_origin_us) * 1e-6, (end_us - time_origin_us) * 1e-6
 
 
@@ -139,7 +156,7 @@ def spec_to_lens_args(spec: sensorsim_pb2.CameraSpec, field: str,
     cal = cameras.get(spec.logical_id) if spec.logical_id else None
     if which is None:
         if cal is None:
-            raise invalid(f"{field}.camera_param: not set (and logical_id {spec.logical_id!r} names no scene camera)")
+            raise invalid(f"{field}.camera_param: not set (and logical_id {clip(spec.logical_id)} names no scene camera)")
         params = dict(cal.params)
         params.pop("bivariate_windshield_model_param", None)
         model, prefix = cal.model, f"{field}."

@@ -4,6 +4,24 @@ from __future__ import annotations
 
 import grpc
 
+#: Longest client string echoed in an error message [characters]; longer ones are cut with their length noted.
+MAX_ECHO_CHARS = 200
+#: Longest status message sent [characters] (gRPC carries it in a header, whose size is limited).
+MAX_MESSAGE_CHARS = 2000
+
+
+def clip(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr`` of a client-supplied value for an error message, cut to ``limit`` characters (noting the length)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def cap(message: str) -> str:
+    """A status message cut to :data:`MAX_MESSAGE_CHARS`."""
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 12] + "... (cut)"
+
 
 class RequestError(Exception):
     """A request the server answers with a non-OK status.
@@ -14,6 +32,7 @@ class RequestError(Exception):
     """
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        message = cap(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -39,13 +58,23 @@ def exhausted(message: str) -> RequestError:
     return RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
 
+def cancelled(message: str) -> RequestError:
+    """CANCELLED (the client went away or its deadline passed while rendering)."""
+    return RequestError(grpc.StatusCode.CANCELLED, message)
+
+
 def as_request_error(exc: BaseException, field_prefix: str = "") -> RequestError:
     """Map an exception raised by wsim on a request to its status: ValueError → INVALID_ARGUMENT (message prefixed
-    with ``field_prefix``), MemoryError → RESOURCE_EXHAUSTED, anything else → INTERNAL."""
+    with ``field_prefix``), MemoryError → RESOURCE_EXHAUSTED, a cancelled launch → CANCELLED, anything else →
+    INTERNAL (the exception type only: its text may hold server paths and is logged instead)."""
+    from ..launch import Cancelled
+
     if isinstance(exc, RequestError):
         return exc
+    if isinstance(exc, Cancelled):
+        return cancelled("the request was cancelled (client gone or deadline passed)")
     if isinstance(exc, ValueError):
         return invalid(f"{field_prefix}{exc}")
     if isinstance(exc, MemoryError):
         return exhausted(f"out of memory: {exc}")
-    return RequestError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+    return RequestError(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log")

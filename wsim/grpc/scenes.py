@@ -8,6 +8,7 @@ what AlpaSim is pointed at), then the first file in sorted order.
 from __future__ import annotations
 
 import glob
+import logging
 import threading
 import zipfile
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from ..scene.loader import USD_SUFFIXES, load_scene
 from ..scene.scene import Scene, SceneError
 
 BUILTIN = "builtin:nurec"
+log = logging.getLogger("wsim.grpc")
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,11 @@ def discover(spec: str | None) -> list[SceneEntry]:
     """Scenes named by ``spec``: a directory (searched recursively for USD stages and NuRec USDZ artifacts), a glob
     pattern, a single file, or None / ``"builtin"`` for the built-in street block (NuRec form).
 
+    Files that cannot be read are skipped with one warning each (a broken NuRec artifact is found when its scene is
+    first loaded: the request then answers FAILED_PRECONDITION).
+
     Raises:
-        SceneError: Nothing found, or a file that is not a readable scene.
+        SceneError: Nothing found, or no readable scene among the files.
     """
     if spec in (None, "", "builtin", "builtin:nurec", "builtin:usd"):
         src = BUILTIN if spec in (None, "", "builtin", "builtin:nurec") else "builtin:usd"
@@ -65,15 +70,23 @@ def discover(spec: str | None) -> list[SceneEntry]:
     if not files:
         raise SceneError(f"{spec}: no USD stages or NuRec USDZ artifacts found")
     entries: dict[str, SceneEntry] = {}
+    skipped = []
     for f in files:
         sid = _nurec_scene_id(f) if f.suffix.lower() == ".usdz" else None
         if sid is not None:
             entry = SceneEntry(sid, str(f), True)
         else:
-            entry = SceneEntry(load_scene(f).scene_id, str(f), False)
+            try:
+                entry = SceneEntry(load_scene(f).scene_id, str(f), False)
+            except Exception as e:  # noqa: BLE001 - one unreadable file must not stop the others being served
+                log.warning("skipping %s: %s", f, e)
+                skipped.append(f)
+                continue
         old = entries.get(entry.scene_id)
         if old is None or (entry.nurec and not old.nurec):
             entries[entry.scene_id] = entry
+    if not entries:
+        raise SceneError(f"{spec}: no readable scene ({len(skipped)} file(s) skipped, see the warnings)")
     return sorted(entries.values(), key=lambda e: e.scene_id)
 
 

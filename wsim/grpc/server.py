@@ -10,14 +10,27 @@ from pathlib import Path
 
 import grpc
 
+from .budget import RequestBudget
 from .scenes import SceneStore, discover
 from .service import API_VERSION, MAX_MESSAGE_BYTES, SensorsimServicer
 from .stubs import sensorsim_pb2_grpc
 
 log = logging.getLogger("wsim.grpc")
 
-#: Seconds in-flight requests get to finish on shut_down / SIGTERM (AlpaSim's RPC deadline).
-SHUTDOWN_GRACE_S = 300.0
+#: Seconds in-flight requests get to finish on shut_down / SIGTERM / SIGINT (a second signal stops at once).
+SHUTDOWN_GRACE_S = 30.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a bind address or name) is a loopback address."""
+    import ipaddress
+
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -42,16 +55,23 @@ class SensorsimServer:
         api_version: (major, minor, patch) reported by get_version.
         unknown_tracks: ``"error"`` (a ``dynamic_objects`` entry naming a track the scene lacks answers NOT_FOUND) or
             ``"ignore"`` (warn once per id and render without it).
+        budget: Work one request may ask for (:class:`~wsim.grpc.budget.RequestBudget`).
+        allow_remote_shutdown: Accept the shut_down RPC from clients that are not on this machine (loopback clients
+            may always shut the server down).
+        shutdown_grace_s: Seconds in-flight requests get to finish on shut_down or the first SIGTERM / SIGINT.
     """
 
     def __init__(self, scenes: str | Path | None = None, *, host: str = "127.0.0.1", port: int = 6001,
                  device: str | None = None, cache_size: int = 4, max_workers: int = 4,
                  ego_masks_dir: str | Path | None = None, assets_dir: str | Path | None = None,
                  max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 api_version: tuple[int, int, int] = API_VERSION, unknown_tracks: str = "error") -> None:
+                 api_version: tuple[int, int, int] = API_VERSION, unknown_tracks: str = "error",
+                 budget: RequestBudget | None = None, allow_remote_shutdown: bool = False,
+                 shutdown_grace_s: float = SHUTDOWN_GRACE_S) -> None:
         import warp as wp
 
         wp.init()
+        self.shutdown_grace_s = float(shutdown_grace_s)
         self.device = str(wp.get_device(device))
         self.store = SceneStore(discover(None if scenes is None else str(scenes)), cache_size, self.device)
         self.host = host
@@ -59,12 +79,15 @@ class SensorsimServer:
         self.servicer = SensorsimServicer(self.store, device=self.device, ego_masks_dir=ego_masks_dir,
                                           assets_dir=assets_dir, max_message_bytes=max_message_bytes,
                                           max_workers=max_workers, api_version=api_version,
-                                          on_shutdown=self.shutdown, unknown_tracks=unknown_tracks)
+                                          on_shutdown=self.shutdown, unknown_tracks=unknown_tracks, budget=budget,
+                                          allow_remote_shutdown=allow_remote_shutdown)
         # no SO_REUSEPORT: a second server on a port in use fails instead of silently sharing it
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wsim-rpc"),
                                    options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)])
         sensorsim_pb2_grpc.add_SensorsimServiceServicer_to_server(self.servicer, self._server)
         self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stopping = False
 
     @property
     def address(self) -> str:
@@ -80,6 +103,9 @@ class SensorsimServer:
             raise OSError(f"cannot bind {self.host}:{self.port}: address in use or not available")
         self.port = bound
         self._server.start()
+        if not is_loopback(self.host):
+            log.warning("listening on %s, reachable from other machines: the sensorsim API has no authentication",
+                        self.address)
         return bound
 
     def preload(self) -> None:
@@ -94,11 +120,20 @@ class SensorsimServer:
 
         return warm_up(self.servicer, self.store.scene_ids[: self.store.cache_size])
 
-    def shutdown(self, grace: float | None = SHUTDOWN_GRACE_S) -> None:
-        """Stop accepting requests, let in-flight ones finish (up to ``grace`` s), then stop."""
+    def shutdown(self, grace: float | None = None) -> None:
+        """Stop accepting requests, let in-flight ones finish (up to ``grace`` s, default ``shutdown_grace_s``), then
+        stop. A second call while the first is waiting cancels the requests still running and stops at once."""
+        with self._stop_lock:
+            again = self._stopping
+            self._stopping = True
         if self._stopped.is_set():
             return
-        log.info("shutting down (grace %s s)", grace)
+        if again:
+            log.info("stopping now: cancelling in-flight requests")
+            self._server.stop(None)
+            return
+        grace = self.shutdown_grace_s if grace is None else grace
+        log.info("shutting down (in-flight requests get %s s)", grace)
         self._server.stop(grace).wait()
         self._stopped.set()
 
@@ -116,17 +151,19 @@ class SensorsimServer:
         self.shutdown(grace=1.0)
 
 
-def serve(scenes: str | None = None, *, host: str = "127.0.0.1", port: int = 6001, device: str | None = None,
-          cache_size: int = 4, max_workers: int = 4, ego_masks_dir: str | None = None, assets_dir: str | None = None,
-          api_version: tuple[int, int, int] = API_VERSION, warm_up: bool = True, unknown_tracks: str = "error") -> int:
-    """Run a server until shut_down or SIGTERM / SIGINT (both graceful: in-flight requests finish).
+def serve(scenes: str | None = None, *, warm_up: bool = True, **server_options) -> int:
+    """Run a server until shut_down or SIGTERM / SIGINT: the first signal lets in-flight requests finish (up to
+    ``shutdown_grace_s``), a second one stops at once.
 
     With ``warm_up`` (the default) the resident scenes are loaded and every render path is run once before the server
     binds its port, so the first request is as fast as later ones (:meth:`SensorsimServer.warm_up`).
+
+    Args:
+        scenes: As :class:`SensorsimServer`.
+        warm_up: Warm up before listening.
+        **server_options: Keyword arguments of :class:`SensorsimServer`.
     """
-    server = SensorsimServer(scenes, host=host, port=port, device=device, cache_size=cache_size,
-                             max_workers=max_workers, ego_masks_dir=ego_masks_dir, assets_dir=assets_dir,
-                             api_version=api_version, unknown_tracks=unknown_tracks)
+    server = SensorsimServer(scenes, **server_options)
     if warm_up:
         seconds = server.warm_up()
         print(f"wsim serve: warmed up in {seconds:.1f} s (scenes loaded, camera and lidar kernels ready)", flush=True)
@@ -155,6 +192,9 @@ def main(args) -> int:
             assert len(api) == 3
         except (ValueError, AssertionError):
             raise ValueError(f"--api-version: expected MAJOR.MINOR.PATCH, got {args.api_version!r}") from None
+    budget = RequestBudget(max_image_pixels=args.max_image_pixels, max_request_pixels=args.max_request_pixels,
+                           max_images=args.max_images, max_lidar_sweeps=args.max_lidar_sweeps)
     return serve(args.scenes, host=args.host, port=args.port, device=args.device, cache_size=args.cache_size,
                  max_workers=args.max_workers, ego_masks_dir=args.ego_masks, assets_dir=args.assets, api_version=api,
-                 warm_up=not args.no_warm_up, unknown_tracks=args.unknown_tracks)
+                 warm_up=not args.no_warm_up, unknown_tracks=args.unknown_tracks, budget=budget,
+                 allow_remote_shutdown=args.allow_remote_shutdown, shutdown_grace_s=args.shutdown_grace)

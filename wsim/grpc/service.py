@@ -31,12 +31,14 @@ import grpc
 import numpy as np
 
 from .. import __version__
-from ..scene.scene import Instance, MeshData, Part, Scene, Trajectory
+from ..launch import Cancelled, cancellable, check_cancelled
+from ..scene.scene import Instance, MeshData, Part, Scene, SceneError, Trajectory
 from ..sensors.lidar import Lidar
 from ..sensors.lidar_config import CoordsType, FrameOfReference, MotionCompensation
 from ..sensors.presets import preset as lidar_preset
 from . import convert
-from .errors import RequestError, as_request_error, exhausted, invalid, not_found, precondition
+from .budget import RequestBudget, camera_products
+from .errors import RequestError, as_request_error, clip, exhausted, invalid, not_found, precondition
 from .geometry import request_scene, track_index
 from .scenes import SceneStore
 from .stubs import common_pb2, ipc_pb2, sensorsim_pb2, sensorsim_pb2_grpc
@@ -74,7 +76,8 @@ def _rpc(fn: Callable) -> Callable:
         with self._inflight_lock:
             self._inflight += 1
         try:
-            return fn(self, request, context)
+            with cancellable(lambda: not context.is_active()):
+                return fn(self, request, context)
         except Exception as e:  # noqa: BLE001 - every failure becomes a status; the server keeps serving
             err = as_request_error(e)
             status = err.code.name
@@ -87,6 +90,22 @@ def _rpc(fn: Callable) -> Callable:
             log.info("%s %s %.1f ms", fn.__name__, status, (time.perf_counter() - t0) * 1e3)
 
     return wrapper
+
+
+def _is_local_peer(peer: str) -> bool:
+    """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is on this machine."""
+    import ipaddress
+
+    kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = rest.rsplit(":", 1)[0].strip("[]") if kind in ("ipv4", "ipv6") else ""
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
 
 
 @dataclasses.dataclass
@@ -110,24 +129,30 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         max_workers: Reported by get_server_config.
         api_version: (major, minor, patch) reported by get_version.
         on_shutdown: Called (in a new thread) by shut_down.
+        allow_remote_shutdown: Accept shut_down from clients that are not on this machine (loopback ones always may).
+        budget: Work one request may ask for (:class:`~wsim.grpc.budget.RequestBudget`), checked before rendering.
         unknown_tracks: ``"error"``: a ``dynamic_objects`` entry naming a track the scene lacks answers NOT_FOUND;
             ``"ignore"``: it is logged (one warning per track id) and the frame renders without it.
     """
 
     def __init__(self, store: SceneStore, *, device: str = "cpu", ego_masks_dir: str | Path | None = None,
                  assets_dir: str | Path | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 budget: RequestBudget | None = None,
                  max_workers: int = 4, api_version: tuple[int, int, int] = API_VERSION,
-                 on_shutdown: Callable[[], None] | None = None, unknown_tracks: str = "error") -> None:
+                 on_shutdown: Callable[[], None] | None = None, unknown_tracks: str = "error",
+                 allow_remote_shutdown: bool = False) -> None:
         import warp as wp
 
         if unknown_tracks not in ("error", "ignore"):
             raise ValueError(f"unknown_tracks: expected 'error' or 'ignore', got {unknown_tracks!r}")
         self.unknown_tracks = unknown_tracks
+        self.allow_remote_shutdown = bool(allow_remote_shutdown)
         self._warned_tracks: set[tuple[str, str]] = set()
         self.store = store
         self.device = str(wp.get_device(device))
         self.is_cuda = wp.get_device(device).is_cuda
         self.max_message_bytes = int(max_message_bytes)
+        self.budget = budget or RequestBudget()
         self.max_workers = int(max_workers)
         self.api_version = tuple(int(v) for v in api_version)
         self.on_shutdown = on_shutdown
@@ -162,7 +187,13 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         try:
             return self.store.get(scene_id)
         except KeyError:
-            raise not_found(f"scene_id: unknown scene {scene_id!r} (available: {', '.join(self.store.scene_ids)})") \
+            ids = self.store.scene_ids
+            known = ", ".join(ids[:10]) + (f", ... ({len(ids)} scenes; get_available_scenes lists them)"
+                                           if len(ids) > 10 else "")
+            raise not_found(f"scene_id: unknown scene {clip(scene_id)} (available: {known})") from None
+        except SceneError as e:  # the server's own file is broken: not the client's fault; no server paths to it
+            log.error("scene %s cannot be loaded: %s", scene_id, e)
+            raise precondition(f"scene_id: scene {clip(scene_id)} cannot be loaded on this server (see its log)") \
                 from None
 
     def _request_scene(self, scene: Scene, objects: Any, t0: float, t1: float, field: str) -> Scene:
@@ -183,9 +214,9 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
                                 f, obj.track_id[:200], scene.scene_id)
                 continue
             if k is None:
-                raise not_found(f"{f}.track_id: unknown track {obj.track_id!r} in scene {scene.scene_id!r}")
+                raise not_found(f"{f}.track_id: unknown track {clip(obj.track_id)} in scene {scene.scene_id!r}")
             if k in overrides:
-                raise invalid(f"{f}.track_id: track {obj.track_id!r} listed twice")
+                raise invalid(f"{f}.track_id: track {clip(obj.track_id)} listed twice")
             overrides[k] = convert.pose_pair_from_proto(obj.pose_pair, obj.HasField("pose_pair"), f"{f}.pose_pair")
         return request_scene(scene, self.device, overrides, t0, t1)
 
@@ -238,7 +269,7 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         key = (req.ego_mask_id.camera_logical_id, req.ego_mask_id.rig_config_id)
         path = self.ego_masks.get(key)
         if path is None:
-            raise invalid(f"ego_mask_id: no ego mask for camera {key[0]!r} and rig config {key[1]!r} "
+            raise invalid(f"ego_mask_id: no ego mask for camera {clip(key[0])} and rig config {clip(key[1])} "
                           f"(see get_available_ego_masks)")
         with self._lock:
             mask = self._mask_cache.get(key)
@@ -261,6 +292,7 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         scene = self._scene(req.scene_id)
         self._check_harmonizer(req)
         w, h = self._resolution(req)
+        self.budget.image("", w, h)
         fmt = self._format(req.image_format)
         if fmt == "JPEG":
             self._quality(req.image_quality)
@@ -282,7 +314,8 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
                             logical_id=req.camera_intrinsics.logical_id, device=self.device)
         except ValueError as e:
             raise invalid(f"camera_intrinsics: {e}") from None
-        t0, t1 = convert.frame_times(req.frame_start_us, req.frame_end_us, scene.time_origin_us)
+        t0, t1 = convert.frame_times(req.frame_start_us, req.frame_end_us, scene.time_origin_us,
+                                     scene.time_range)
         start, end = convert.pose_pair_from_proto(req.sensor_pose, req.HasField("sensor_pose"), "sensor_pose")
         mask = self._ego_mask(req)
         view = self._request_scene(scene, req.dynamic_objects, t0, t1, "dynamic_objects")
@@ -360,7 +393,9 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         if kind not in _LIDARS:
             raise invalid(f"lidar_config.lidar_type: unknown lidar type {kind} (PANDAR128 = 0, AT128 = 1)")
         cfg = self.lidar_config(_LIDARS[kind])
-        t0, t1 = convert.frame_times(req.frame_start_us, req.frame_end_us, scene.time_origin_us)
+        self.budget.lidar("", [(req.frame_start_us, req.frame_end_us, cfg.scan_rate_base_hz)])
+        t0, t1 = convert.frame_times(req.frame_start_us, req.frame_end_us, scene.time_origin_us,
+                                     scene.time_range)
         spins = math.floor((t1 - t0) * cfg.scan_rate_base_hz) + 2
         worst = spins * cfg.number_of_emitters * cfg.ticks_per_scan * cfg.max_returns * 32
         if worst > self.max_message_bytes:
@@ -373,6 +408,9 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         return convert.lidar_return(pc.xyz(), pc["Intensity"].numpy())
 
     # ------------------------------------------------------------------------------------------------ render RPCs
+    def _check_images(self, field: str, reqs: Any) -> None:
+        self.budget.images(field, [(r.resolution_w, r.resolution_h, camera_products(r)) for r in reqs])
+
     @_rpc
     def render_rgb(self, request, context):
         return self._rgb(request)
@@ -386,12 +424,16 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         return self._lidar(request)
 
     def _batch(self, items: Any, render: Callable, out: Any) -> Any:
+        self._check_images("items", [item.request for item in items])
         for item in items:
+            check_cancelled()  # the client may have gone between items
             entry = out.items.add(camera_name=item.camera_name)
             try:
                 entry.result.CopyFrom(render(item.request))
                 entry.success = True
             except Exception as e:  # noqa: BLE001 - a failing item is answered; the others still render
+                if isinstance(e, Cancelled):
+                    raise
                 err = as_request_error(e)
                 if err.code is grpc.StatusCode.INTERNAL:
                     log.exception("batch item %r failed", item.camera_name)
@@ -413,6 +455,11 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
     @_rpc
     def render_aggregated(self, request, context):
         out = sensorsim_pb2.AggregatedRenderReturn()
+        self._check_images("rgb_requests", request.rgb_requests)
+        rates = {k: self.lidar_config(name).scan_rate_base_hz for k, name in _LIDARS.items()}
+        self.budget.lidar("lidar_requests: ", [(r.frame_start_us, r.frame_end_us, rates.get(r.lidar_config.lidar_type,
+                                                                                              10.0))
+                                               for r in request.lidar_requests])
         for i, r in enumerate(request.rgb_requests):
             try:
                 out.rgb_returns.append(self._rgb(r))
@@ -502,6 +549,9 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
 
     @_rpc
     def shut_down(self, request, context):
+        if not self.allow_remote_shutdown and not _is_local_peer(context.peer()):
+            raise RequestError(grpc.StatusCode.PERMISSION_DENIED, "shut_down: only clients on the server's machine may "
+                               "stop it (start wsim serve with --allow-remote-shutdown to allow others)")
         if self.on_shutdown is not None:
             threading.Thread(target=self.on_shutdown, name="wsim-shutdown", daemon=True).start()
         return common_pb2.Empty()
@@ -540,7 +590,7 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         with self._lock:
             sess = self._ipc.pop(request.session_id, None)
         if sess is None:
-            raise not_found(f"session_id: no IPC session {request.session_id!r}")
+            raise not_found(f"session_id: no IPC session {clip(request.session_id)}")
         return ipc_pb2.CloseIpcSessionResponse(closed=True)
 
     def _rgb_ipc(self, req: sensorsim_pb2.RGBRenderRequest) -> sensorsim_pb2.RGBRenderReturn:
@@ -551,7 +601,7 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         with self._lock:
             sess = self._ipc.get(req.ipc_session_id)
         if sess is None:
-            raise not_found(f"ipc_session_id: no IPC session {req.ipc_session_id!r}")
+            raise not_found(f"ipc_session_id: no IPC session {clip(req.ipc_session_id)}")
         (img,), _ = self._render_images(req, ["COLOR"])
         planar = np.ascontiguousarray(img.transpose(2, 0, 1)).reshape(-1)
         if planar.nbytes > sess.nbytes:
@@ -591,7 +641,7 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
 
         path = self._assets().get(asset_id)
         if path is None:
-            raise not_found(f"asset_id: unknown asset {asset_id!r}")
+            raise not_found(f"asset_id: unknown asset {clip(asset_id)}")
         a = load_scene(path)
         meshes = [a.static] if a.static.num_triangles else []
         for inst in a.instances:
@@ -632,13 +682,13 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
             if e.replace_track_id:
                 k = tracks.get(e.replace_track_id)
                 if k is None:
-                    raise not_found(f"{f}.replace_track_id: unknown track {e.replace_track_id!r}")
+                    raise not_found(f"{f}.replace_track_id: unknown track {clip(e.replace_track_id)}")
                 ed.instances[k] = dataclasses.replace(ed.instances[k], prototype=len(ed.prototypes) - 1,
                                                       cuboid=(hi - lo).astype(float))
                 names.append(ed.instances[k].name)
             elif e.new_track_id:
                 if e.new_track_id in tracks:
-                    raise invalid(f"{f}.new_track_id: track {e.new_track_id!r} exists")
+                    raise invalid(f"{f}.new_track_id: track {clip(e.new_track_id)} exists")
                 if not e.trajectory.poses:
                     raise invalid(f"{f}.trajectory: empty (a new track needs at least one pose)")
                 ts, trs, qs = [], [], []
