@@ -1,7 +1,22 @@
-"""Lidar physics on the device, as orthogonal steps inside one kernel per firing:
-schedule (firing time, angle) → pose at the firing time → rays (one, or a beam of sub-rays) → trace (continuing
-through transmissive materials) → echoes (beam contributions merged into peaks, strongest first) → intensity and
-detection → output frame. Every firing is independent; nothing is written that a backward pass would need again.
+"""Lidar physics on the device: one ``@wp.func`` per physical step, composed by two kernels.
+
+The steps, in the order a firing runs them (RGL's orthogonal steps):
+
+1. schedule — :func:`schedule`: which emitter of which tick, its firing time and delivered angles, whether it fires
+   (step window, azimuth window);
+2. firing pose — :func:`firing_ray`: the sensor pose at the firing time, the emitter's origin and direction;
+3. beam sub-rays — :func:`beam_offset`, :func:`subray_dir`: the footprint's sub-rays and their weights;
+4. surface walk — :func:`walk_idealized`, :func:`walk_beam`: the surfaces along each (sub-)ray, continuing through
+   transmissive materials;
+5. echo merge — :func:`merge_peaks`, :func:`rank_peaks`: beam contributions merged into peaks, strongest first;
+6. detection and intensity — :func:`echo_surface`, :func:`detection_flags`, :func:`intensity_from`;
+7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
+   :func:`relative_velocity`;
+8. slot write — :func:`clear_slots`, :func:`write_identity`, :func:`write_return`.
+
+:func:`lidar_fire_kernel` runs all of them for one firing (not differentiable: it picks the surfaces);
+:func:`lidar_diff_kernel` recomputes Coordinates and Intensity of the delivered returns from those surfaces with the
+same step functions. Every firing is independent; nothing is written that a backward pass would need again.
 """
 
 import warp as wp
@@ -10,8 +25,11 @@ from .pose import difference_window, sample_trajectory
 from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, hit_triangle, miss, point_velocity
 
 MAX_CONTRIB = 64  # beam contributions per firing (sub-rays × surfaces per sub-ray)
+MAX_ECHOES = 8  # echoes per firing (LidarConfig.max_returns <= 8)
 vec64f = wp.types.vector(length=MAX_CONTRIB, dtype=float)
 vec64i = wp.types.vector(length=MAX_CONTRIB, dtype=wp.int32)
+vec8f = wp.types.vector(length=MAX_ECHOES, dtype=float)
+vec8i = wp.types.vector(length=MAX_ECHOES, dtype=wp.int32)
 
 FLAG_VALID = wp.constant(wp.uint8(0x40))
 FLAG_NEW_SCAN = wp.constant(wp.uint8(0x20))
@@ -120,6 +138,105 @@ class Slots:
     noise: wp.array[wp.vec3]  # range [m], azimuth [rad], elevation [rad] noise drawn for this return
 
 
+
+@wp.struct
+class Firing:
+    """One emitter fired in one tick: what the schedule step decides."""
+
+    index: wp.int32  # firing index: tick row · num_emitters + emitter
+    tick: wp.int32  # row in the TickTable
+    emitter: wp.int32
+    state: wp.int32  # emitter state of the tick
+    table: wp.int32  # index into the EmitterTable: state · num_emitters + emitter
+    fire_ns: wp.int64  # firing delay within the tick [ns]
+    time: float  # firing time on the scene clock [s] (the render's first tick for an instant lidar)
+    offset_ns: wp.int64  # TimeOffsetNs: firing time − timestampNs [ns]
+    az: float  # delivered azimuth [rad], in (−π, π]
+    el: float  # elevation [rad]
+    fires: wp.int32  # 1 inside the step window and the azimuth window
+
+
+@wp.struct
+class FiringRay:
+    """The sensor pose at a firing and the emitter's ray, in the world and in the sensor frame."""
+
+    sensor: wp.transform  # sensor-to-world pose at the firing time
+    origin: wp.vec3  # emitter position, world [m]
+    dir: wp.vec3  # unit direction, world
+    origin_s: wp.vec3  # emitter position, sensor frame [m]
+    dir_s: wp.vec3  # unit direction, sensor frame
+
+
+@wp.struct
+class Contributions:
+    """Beam contributions of one firing sorted by range: range [m], signal, code (sub-ray · hits_per_subray +
+    depth of the surface along its sub-ray), sub-ray weight × transmittance before the surface."""
+
+    m: wp.int32
+    r: vec64f
+    s: vec64f
+    code: vec64i
+    tau: vec64f
+
+
+@wp.struct
+class Peaks:
+    """Contributions merged into peaks (in range order)."""
+
+    n: wp.int32
+    sum_sr: vec64f  # Σ s·r
+    sum_s: vec64f  # Σ s
+    count: vec64f  # members
+    sum_r: vec64f  # Σ r (unweighted, for zero-signal peaks)
+    best_s: vec64f  # strongest member's signal
+    best_code: vec64i  # strongest member's code
+    best_tau: vec64f  # strongest member's weight·τ
+
+
+@wp.struct
+class Echoes:
+    """Echoes of one firing in EchoId order: range [m], signal, code and weight·τ of the representative surface
+    (see :class:`Contributions`); ``first`` is an idealized ray's first surface (not traced again)."""
+
+    n: wp.int32
+    r: vec8f
+    s: vec8f
+    code: vec8i
+    tau: vec8f
+    first: Hit
+
+
+@wp.struct
+class OutputFrame:
+    """Poses the output step needs for one firing."""
+
+    sensor: wp.transform  # sensor pose at the firing time
+    ref: wp.transform  # sensor pose at the compensation reference time
+    custom: wp.mat44  # world → CUSTOM frame
+    win: wp.vec2  # velocity difference window [s]
+    before: wp.transform  # sensor pose at win[0]
+    after: wp.transform  # sensor pose at win[1]
+
+
+@wp.struct
+class Return:
+    """One delivered (or invalid) return: the slot's measured channels and what the differentiable pass needs."""
+
+    hit: Hit
+    subray: wp.int32
+    flags: wp.uint8
+    coords: wp.vec3
+    intensity: float
+    normal: wp.vec3  # output frame
+    velocity: wp.vec3  # output frame [m/s]
+    tau: float
+    rep_s: float
+    peak_r: float
+    peak_s: float
+    noise: wp.vec3
+
+
+# ---------------------------------------------------------------------------------------------- small helpers
 @wp.func
 def wrap_pi(a: float) -> float:
     """Angle wrapped to (−π, π]."""
@@ -136,6 +253,80 @@ def sph_dir(az: float, el: float) -> wp.vec3:
     return wp.vec3(ce * wp.cos(az), ce * wp.sin(az), wp.sin(el))
 
 
+# ------------------------------------------------------------------------------------------------ 1. schedule
+@wp.func
+def spin_angle(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64) -> float:
+    """Firing angle φ [rad] in [0, 2π) of a rotary head, from the scan start to the firing."""
+    phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + float(fire_ns) * 1.0e-9) / p.scan_period
+    return phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
+
+
+@wp.func
+def fires_in_window(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64, phi: float) -> wp.int32:
+    """1 when the firing lies in this step's window (partialOutputs) and, rotary, in the azimuth window."""
+    # step assignment key: the firing time clamped inside its tick's period
+    key = wp.min(fire_ns, ticks.period_ns[ti] - wp.int64(1))
+    if p.window_filter != 0:
+        if key < ticks.window_lo_ns[ti] or key >= ticks.window_hi_ns[ti]:
+            return 0
+    if p.rotary != 0:
+        inside = phi >= p.valid_start and phi <= p.valid_end
+        if p.valid_start > p.valid_end:
+            inside = phi >= p.valid_start or phi <= p.valid_end
+        if not inside:
+            return 0
+    return 1
+
+
+@wp.func
+def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firing:
+    """Firing ``f``: its tick, emitter and state, firing time, TimeOffsetNs, delivered angles, and whether it fires.
+
+    Delivered azimuth: CW ``wrap(startAzimuthOffset − φ + azimuth[e])``, CCW ``wrap(startAzimuthOffset + φ +
+    azimuth[e])`` (solid state: no φ).
+    """
+    fr = Firing()
+    ne = p.num_emitters
+    fr.index = f
+    fr.tick = f // ne
+    fr.emitter = f - fr.tick * ne
+    fr.state = ticks.state[fr.tick]
+    fr.table = fr.state * ne + fr.emitter
+    fr.fire_ns = wp.int64(em.fire_ns[fr.table])
+    fr.time = ticks.time[fr.tick] + float(fr.fire_ns) * 1.0e-9
+    fr.offset_ns = ticks.offset_ns[fr.tick] + fr.fire_ns
+    if p.instant != 0:
+        fr.time = ticks.time[0]
+        fr.offset_ns = wp.int64(0)
+    phi = spin_angle(p, ticks, fr.tick, fr.fire_ns)
+    fr.fires = fires_in_window(p, ticks, fr.tick, fr.fire_ns, phi)
+    az = em.az[fr.table]
+    if p.rotary != 0:
+        if p.ccw != 0:
+            az = az + phi
+        else:
+            az = az - phi
+    fr.az = wrap_pi(az + p.start_az_offset)
+    fr.el = em.el[fr.table]
+    return fr
+
+
+# ------------------------------------------------------------------------------------------- 2. firing pose
+@wp.func
+def firing_ray(em: EmitterTable, fr: Firing, pose_times: wp.array[float], poses: wp.array[wp.transform]) -> FiringRay:
+    """The sensor pose at the firing time (rolling) and the emitter's ray; the horizontal offset is radial along
+    the emitter's azimuth (it turns with the head), the vertical one along z."""
+    ray = FiringRay()
+    ray.sensor = sample_trajectory(pose_times, poses, fr.time)
+    ray.dir_s = sph_dir(fr.az, fr.el)
+    hor = em.hor[fr.table]
+    ray.origin_s = wp.vec3(hor * wp.cos(fr.az), hor * wp.sin(fr.az), em.vert[fr.table])
+    ray.origin = wp.transform_point(ray.sensor, ray.origin_s)
+    ray.dir = wp.normalize(wp.transform_vector(ray.sensor, ray.dir_s))
+    return ray
+
+
+# ----------------------------------------------------------------------------------------- 3. beam sub-rays
 @wp.func
 def beam_offset(k: int, n: int, gaussian: int) -> wp.vec3:
     """Sub-ray k of n over the unit footprint disc: centre, then hexagonal rings of 6, 12, … points.
@@ -193,6 +384,7 @@ def subray_dir(d: wp.vec3, k: int, p: LidarParams) -> wp.vec3:
     return wp.normalize(d + h * wp.tan(o[0] * 0.5 * p.div_h) + v * wp.tan(o[1] * 0.5 * p.div_v))
 
 
+# ----------------------------------------------------------------------------------------- 4. surface walk
 @wp.func
 def signal_from(rho: float, retro: int, n: wp.vec3, d: wp.vec3, r: float) -> float:
     """ρ_eff·|cos θ|/r² for a surface of reflectance ρ and normal n hit at distance r along unit direction d."""
@@ -211,6 +403,209 @@ def surface_signal(hit: Hit, d: wp.vec3, refl: wp.array[float]) -> float:
 
 
 @wp.func
+def nth_hit(geo: SceneGeo, o: wp.vec3, d: wp.vec3, depth: int, t_max: float, time: float) -> Hit:
+    h = closest_hit(geo, o, d, 0.0, t_max, time)
+    for _k in range(depth):
+        if h.face >= 0:
+            h = continue_past(geo, o, d, h.t, t_max, time)
+    return h
+
+
+@wp.func
+def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                   trans: wp.array[float]) -> Echoes:
+    """An idealized ray's echoes in path order: the first surface, then the surfaces behind transmissive ones
+    (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray."""
+    ech = Echoes()
+    r = vec8f()
+    s = vec8f()
+    code = vec8i()
+    taus = vec8f()
+    n = int(0)
+    tau = float(1.0)
+    h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, time)
+    ech.first = h
+    depth = int(0)
+    while h.face >= 0 and n < p.max_returns:
+        r[n] = h.t
+        s[n] = tau * surface_signal(h, ray.dir, refl)
+        code[n] = depth
+        taus[n] = tau
+        n += 1
+        tr = trans[h.material]
+        if tr <= 0.0:
+            break
+        tau = tau * tr
+        h = continue_past(geo, ray.origin, ray.dir, h.t, p.far, time)
+        depth += 1
+    ech.n = n
+    ech.r = r
+    ech.s = s
+    ech.code = code
+    ech.tau = taus
+    return ech
+
+
+@wp.func
+def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+              trans: wp.array[float]) -> Contributions:
+    """Every sub-ray's surfaces (up to hits_per_subray each, through transmissive ones) as contributions
+    w·τ·ρ·|cos θ|/r², kept sorted by range (insertion)."""
+    cr = vec64f()
+    cs = vec64f()
+    cc = vec64i()
+    ct = vec64f()
+    m = int(0)
+    gauss = wp.where(p.ray_type == RAY_GAUSSIAN, 1, 0)
+    wsum = beam_weight_sum(p.beam_n, gauss)
+    for k in range(p.beam_n):
+        w = beam_offset(k, p.beam_n, gauss)[2] / wsum
+        dk = subray_dir(ray.dir, k, p)
+        tau = float(1.0)
+        h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
+        depth = int(0)
+        while h.face >= 0 and depth < p.hits_per_subray and m < MAX_CONTRIB:
+            s = w * tau * surface_signal(h, dk, refl)
+            j = m - 1
+            while j >= 0 and cr[j] > h.t:
+                cr[j + 1] = cr[j]
+                cs[j + 1] = cs[j]
+                cc[j + 1] = cc[j]
+                ct[j + 1] = ct[j]
+                j -= 1
+            cr[j + 1] = h.t
+            cs[j + 1] = s
+            cc[j + 1] = k * p.hits_per_subray + depth
+            ct[j + 1] = w * tau
+            m += 1
+            tr = trans[h.material]
+            if tr <= 0.0:
+                break
+            tau = tau * tr
+            h = continue_past(geo, ray.origin, dk, h.t, p.far, time)
+            depth += 1
+    c = Contributions()
+    c.m = m
+    c.r = cr
+    c.s = cs
+    c.code = cc
+    c.tau = ct
+    return c
+
+
+# ------------------------------------------------------------------------------------------- 5. echo merge
+@wp.func
+def peak_mean(sum_sr: float, sum_s: float, count: float, sum_r: float) -> float:
+    """A peak's range: the signal-weighted mean of its members' ranges (plain mean when its signal is 0) [m]."""
+    mean = sum_r / count
+    if sum_s > 0.0:
+        mean = sum_sr / sum_s
+    return mean
+
+
+@wp.func
+def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
+    """Range-sorted contributions into peaks: one joins the current peak when it lies within min_echo_dist of the
+    peak's mean range, else it starts a new one."""
+    cr = c.r
+    cs = c.s
+    pr = vec64f()
+    ps = vec64f()
+    pn = vec64f()
+    pm = vec64f()
+    pb = vec64f()
+    pc = vec64i()
+    pt = vec64f()
+    npk = int(0)
+    for j in range(c.m):
+        start_new = npk == 0
+        if not start_new:
+            q = npk - 1
+            start_new = cr[j] - peak_mean(pr[q], ps[q], pn[q], pm[q]) > p.min_echo_dist
+        if start_new:
+            pb[npk] = -1.0
+            npk += 1
+        q = npk - 1
+        pr[q] = pr[q] + cs[j] * cr[j]
+        ps[q] = ps[q] + cs[j]
+        pn[q] = pn[q] + 1.0
+        pm[q] = pm[q] + cr[j]
+        if cs[j] > pb[q]:
+            pb[q] = cs[j]
+            pc[q] = c.code[j]
+            pt[q] = c.tau[j]
+    pk = Peaks()
+    pk.n = npk
+    pk.sum_sr = pr
+    pk.sum_s = ps
+    pk.count = pn
+    pk.sum_r = pm
+    pk.best_s = pb
+    pk.best_code = pc
+    pk.best_tau = pt
+    return pk
+
+
+@wp.func
+def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
+    """Peaks as echoes, strongest signal first (EchoId 0 = strongest), capped at max_returns; each echo keeps its
+    strongest member as the representative surface."""
+    ps = pk.sum_s
+    pn = pk.count
+    ech = Echoes()
+    r = vec8f()
+    s = vec8f()
+    code = vec8i()
+    taus = vec8f()
+    n = int(0)
+    for _e in range(p.max_returns):
+        best = int(-1)
+        for q in range(pk.n):
+            if pn[q] > 0.0 and (best < 0 or ps[q] > ps[best]):
+                best = q
+        if best >= 0:
+            r[n] = peak_mean(pk.sum_sr[best], ps[best], pn[best], pk.sum_r[best])
+            s[n] = ps[best]
+            code[n] = pk.best_code[best]
+            taus[n] = pk.best_tau[best]
+            n += 1
+            pn[best] = 0.0
+    ech.n = n
+    ech.r = r
+    ech.s = s
+    ech.code = code
+    ech.tau = taus
+    ech.first = miss()
+    return ech
+
+
+@wp.func
+def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                trans: wp.array[float]) -> Echoes:
+    """Steps 3–5: the firing's echoes, by ray type."""
+    if p.ray_type == RAY_IDEALIZED:
+        return walk_idealized(geo, p, ray, time, refl, trans)
+    return rank_peaks(p, merge_peaks(p, walk_beam(geo, p, ray, time, refl, trans)))
+
+
+# ------------------------------------------------------------------------------- 6. detection and intensity
+@wp.func
+def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, ech: Echoes, r: int):
+    """Echo r's representative surface (re-found along its sub-ray from its code), the sub-ray and its direction."""
+    code = ech.code[r]
+    k = int(0)
+    depth = code
+    if p.ray_type != RAY_IDEALIZED:
+        k = code // p.hits_per_subray
+        depth = code - k * p.hits_per_subray
+    dk = subray_dir(ray.dir, k, p)
+    h = ech.first
+    if p.ray_type != RAY_IDEALIZED or r > 0:
+        h = nth_hit(geo, ray.origin, dk, depth, p.far, time)
+    return h, k, dk
+
+
+@wp.func
 def intensity_from(p: LidarParams, signal: float, r: float, cosv: float, gain: float) -> float:
     """Processing (RAW / NORMALIZATION / CORRECTION), mapping, per-emitter gain, clip to [0, 1], scale."""
     x = signal
@@ -224,9 +619,67 @@ def intensity_from(p: LidarParams, signal: float, r: float, cosv: float, gain: f
 
 
 @wp.func
-def coords_from(p: LidarParams, pw: wp.vec3, sensor: wp.transform, ref: wp.transform, custom: wp.mat44) -> wp.vec3:
+def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, signal: float,
+                    r: float) -> wp.uint8:
+    """VALID when the signal reaches the detection threshold inside [near, far]; NEW_SCAN on a valid return of a
+    scan's first tick (rotary) or of its earliest-firing emitters (solid state)."""
+    flags = wp.uint8(0)
+    if signal >= p.detect_threshold and r >= p.near and r <= p.far:
+        flags = FLAG_VALID
+        earliest = fr.fire_ns == wp.int64(em.fire_ns[fr.state * p.num_emitters])
+        if ticks.tick_id[fr.tick] == 0 and (p.rotary != 0 or earliest):
+            flags = flags | FLAG_NEW_SCAN
+    return flags
+
+
+# -------------------------------------------------------------------------------------------- 7. output frame
+@wp.func
+def output_frame(pose_times: wp.array[float], poses: wp.array[wp.transform], sensor: wp.transform, time: float,
+                 ref_time: float, custom: wp.mat44) -> OutputFrame:
+    """The poses of the output step: at the firing, at the compensation reference, and the ±1 ms velocity window
+    (one-sided at the ends of the trajectory)."""
+    of = OutputFrame()
+    of.sensor = sensor
+    of.ref = sample_trajectory(pose_times, poses, ref_time)
+    of.custom = custom
+    of.win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], time, 1.0e-3)
+    of.before = sample_trajectory(pose_times, poses, of.win[0])
+    of.after = sample_trajectory(pose_times, poses, of.win[1])
+    return of
+
+
+@wp.func
+def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, rng: float,
+                   noise: wp.vec3) -> wp.vec3:
+    """The reported world point [m]: range + distance correction + range noise, quantized, along the delivered
+    (noisy) angles from the emitter."""
+    rep = rng + em.dcorr[fr.table] + noise[0]
+    if p.range_res > 0.0:
+        rep = wp.round(rep / p.range_res) * p.range_res
+    return ray.origin + wp.transform_vector(ray.sensor, sph_dir(fr.az + noise[1], fr.el + noise[2])) * rep
+
+
+@wp.func
+def to_output(p: LidarParams, v: wp.vec3, is_point: int, of: OutputFrame) -> wp.vec3:
+    """World point (is_point=1) or world vector (0) into the output frame."""
+    if p.frame == 1:
+        return v
+    if p.frame == 2:
+        if is_point != 0:
+            return wp.transform_point(of.custom, v)
+        return wp.transform_vector(of.custom, v)
+    tf = of.sensor
+    if p.compensated != 0:
+        tf = of.ref
+    if is_point != 0:
+        return wp.transform_point(wp.transform_inverse(tf), v)
+    return wp.quat_rotate_inv(wp.transform_get_rotation(tf), v)
+
+
+@wp.func
+def coords_from(p: LidarParams, pw: wp.vec3, of: OutputFrame) -> wp.vec3:
     """A world point in the output frame and representation (Cartesian [m] or azimuth/elevation [deg], range [m])."""
-    c = to_output(p, pw, 1, sensor, ref, custom)
+    c = to_output(p, pw, 1, of)
     if p.spherical != 0:
         rxy = wp.sqrt(c[0] * c[0] + c[1] * c[1])
         c = wp.vec3(wp.degrees(wp.atan2(c[1], c[0])), wp.degrees(wp.atan2(c[2], rxy)), wp.length(c))
@@ -234,56 +687,89 @@ def coords_from(p: LidarParams, pw: wp.vec3, sensor: wp.transform, ref: wp.trans
 
 
 @wp.func
-def firing_angles(p: LidarParams, em: EmitterTable, ticks: TickTable, ti: int, ei: int) -> wp.vec2:
-    """Delivered azimuth and elevation [rad] of emitter ``ei`` fired in tick ``ti``."""
-    az = em.az[ei]
-    if p.rotary != 0:
-        fire_s = float(wp.int64(em.fire_ns[ei])) * 1.0e-9
-        phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + fire_s) / p.scan_period
-        phi = phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
-        if p.ccw != 0:
-            az = az + phi
-        else:
-            az = az - phi
-    return wp.vec2(wrap_pi(az + p.start_az_offset), em.el[ei])
+def relative_velocity(geo: SceneGeo, h: Hit, time: float, of: OutputFrame) -> wp.vec3:
+    """Velocity of the hit point (carried by its object) relative to the moving sensor: the difference quotient over
+    the window of its position in the sensor frame, in the world axes of the firing pose [m/s]."""
+    vw = point_velocity(geo, h)
+    pa = wp.transform_point(wp.transform_inverse(of.before), h.point + vw * (of.win[0] - time))
+    pb = wp.transform_point(wp.transform_inverse(of.after), h.point + vw * (of.win[1] - time))
+    v_s = (pb - pa) / (of.win[1] - of.win[0])
+    return wp.transform_vector(of.sensor, v_s)
 
 
 @wp.func
-def nth_hit(geo: SceneGeo, o: wp.vec3, d: wp.vec3, depth: int, t_max: float, time: float) -> Hit:
-    h = closest_hit(geo, o, d, 0.0, t_max, time)
-    for _k in range(depth):
-        if h.face >= 0:
-            h = continue_past(geo, o, d, h.t, t_max, time)
-    return h
+def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing,
+                   ray: FiringRay, of: OutputFrame, ech: Echoes, r: int, h: Hit, k: int, dk: wp.vec3,
+                   noise: wp.vec3, refl: wp.array[float], gain: wp.array[float]) -> Return:
+    """Steps 6–7 for echo r on surface h: range, intensity, detection, and every channel in the output frame."""
+    rng = ech.r[r]
+    if p.ray_type == RAY_IDEALIZED:
+        rng = hit_distance(geo, h, ray.origin, ray.dir)  # from the face's vertices, as the differentiable pass does
+    ret = Return()
+    ret.hit = h
+    ret.subray = k
+    ret.intensity = intensity_from(p, ech.s[r], rng, wp.abs(wp.dot(h.normal, dk)), gain[fr.emitter])
+    ret.flags = detection_flags(p, em, ticks, fr, ech.s[r], rng)
+    ret.coords = coords_from(p, measured_point(p, em, fr, ray, rng, noise), of)
+    ret.normal = to_output(p, h.normal, 0, of)
+    ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), 0, of)
+    ret.tau = ech.tau[r]
+    ret.rep_s = ech.tau[r] * surface_signal(h, dk, refl)
+    ret.peak_r = ech.r[r]
+    ret.peak_s = ech.s[r]
+    ret.noise = noise
+    return ret
+
+
+# -------------------------------------------------------------------------------------------- 8. slot write
+@wp.func
+def clear_slots(out: Slots, base: int, n: int):
+    for r in range(n):
+        out.present[base + r] = wp.uint8(0)
+        out.flags[base + r] = wp.uint8(0)
 
 
 @wp.func
-def to_output(p: LidarParams, v: wp.vec3, is_point: int, sensor: wp.transform, ref: wp.transform,
-              custom: wp.mat44) -> wp.vec3:
-    """World point (is_point=1) or world vector (0) into the output frame."""
-    if p.frame == 1:
-        return v
-    if p.frame == 2:
-        if is_point != 0:
-            return wp.transform_point(custom, v)
-        return wp.transform_vector(custom, v)
-    tf = sensor
-    if p.compensated != 0:
-        tf = ref
-    if is_point != 0:
-        return wp.transform_point(wp.transform_inverse(tf), v)
-    return wp.quat_rotate_inv(wp.transform_get_rotation(tf), v)
+def write_identity(out: Slots, base: int, n: int, em: EmitterTable, ticks: TickTable, fr: Firing):
+    """Identity channels in every slot of a fired emitter (invalid entries keep them too)."""
+    for r in range(n):
+        out.present[base + r] = wp.uint8(1)
+        out.time_offset_ns[base + r] = wp.int32(fr.offset_ns)
+        out.emitter[base + r] = wp.uint32(fr.emitter)
+        out.channel[base + r] = em.channel[fr.table]
+        out.tick[base + r] = wp.uint32(ticks.tick_id[fr.tick])
+        out.echo[base + r] = wp.uint8(r)
+        out.state[base + r] = wp.uint8(fr.state)
+        out.fire[base + r] = fr.index
 
 
 @wp.func
-def fired_time(p: LidarParams, em: EmitterTable, ticks: TickTable, ti: int, ei: int) -> float:
-    """Firing time [s] on the scene clock (the tick's start for an instant lidar)."""
-    if p.instant != 0:
-        return ticks.time[0]
-    return ticks.time[ti] + float(wp.int64(em.fire_ns[ei])) * 1.0e-9
+def write_return(out: Slots, slot: int, ret: Return, obj_hash: wp.array[wp.vec3ui],
+                 part_number: wp.array[wp.uint32]):
+    h = ret.hit
+    out.flags[slot] = ret.flags
+    out.coords[slot] = ret.coords
+    out.intensity[slot] = ret.intensity
+    out.material_id[slot] = wp.uint32(h.material_id)
+    oh = obj_hash[h.object_id]
+    out.object_id[slot] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
+    out.normal[slot] = ret.normal
+    out.velocity[slot] = ret.velocity
+    out.semantic[slot] = h.semantic
+    out.face[slot] = h.face
+    out.inst[slot] = h.instance
+    out.material[slot] = h.material
+    out.subray[slot] = ret.subray
+    out.tau[slot] = ret.tau
+    out.rep_t[slot] = h.t
+    out.rep_s[slot] = ret.rep_s
+    out.peak_r[slot] = ret.peak_r
+    out.peak_s[slot] = ret.peak_s
+    out.noise[slot] = ret.noise
 
 
-@wp.kernel
+# ---------------------------------------------------------------------------------------------------- kernels
+@wp.kernel(enable_backward=False)
 def lidar_fire_kernel(
     geo: SceneGeo,
     p: LidarParams,
@@ -301,229 +787,58 @@ def lidar_fire_kernel(
     offset: int,
     out: Slots,
 ):
-    """One firing: schedule check, pose, rays, trace, echoes, intensity, output frame (not differentiable; the
-    differentiable values are recomputed from the chosen surfaces by :func:`lidar_diff_kernel`)."""
+    """One firing, step by step (not differentiable; :func:`lidar_diff_kernel` recomputes the differentiable values
+    from the surfaces chosen here)."""
     f = wp.tid() + offset
-    ne = p.num_emitters
-    ti = f // ne
-    e = f - ti * ne
-    st = ticks.state[ti]
-    ei = st * ne + e
     base = f * p.max_returns
-    for r in range(p.max_returns):
-        out.present[base + r] = wp.uint8(0)
-        out.flags[base + r] = wp.uint8(0)
-    fire_ns = wp.int64(em.fire_ns[ei])
-    # step assignment key: the firing time clamped inside its tick's period
-    key = wp.min(fire_ns, ticks.period_ns[ti] - wp.int64(1))
-    if p.window_filter != 0:
-        if key < ticks.window_lo_ns[ti] or key >= ticks.window_hi_ns[ti]:
-            return
-    t_fire = fired_time(p, em, ticks, ti, ei)
-    time_offset = ticks.offset_ns[ti] + fire_ns
-    if p.instant != 0:
-        time_offset = wp.int64(0)
-    if p.rotary != 0:
-        phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + float(fire_ns) * 1.0e-9) / p.scan_period
-        phi = phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
-        inside = phi >= p.valid_start and phi <= p.valid_end
-        if p.valid_start > p.valid_end:
-            inside = phi >= p.valid_start or phi <= p.valid_end
-        if not inside:
-            return
-    ang = firing_angles(p, em, ticks, ti, ei)
-    az = ang[0]
-    el = ang[1]
-    # identity channels for every slot of a fired emitter (invalid entries keep them too)
-    for r in range(p.max_returns):
-        out.present[base + r] = wp.uint8(1)
-        out.time_offset_ns[base + r] = wp.int32(time_offset)
-        out.emitter[base + r] = wp.uint32(e)
-        out.channel[base + r] = em.channel[ei]
-        out.tick[base + r] = wp.uint32(ticks.tick_id[ti])
-        out.echo[base + r] = wp.uint8(r)
-        out.state[base + r] = wp.uint8(st)
-        out.fire[base + r] = f
-    # pose at the firing time, emitter origin and direction
-    sensor = sample_trajectory(pose_times, poses, t_fire)
-    ref_pose = sample_trajectory(pose_times, poses, ref_time)
-    d_s = sph_dir(az, el)
-    o_s = wp.vec3(em.hor[ei] * wp.cos(az), em.hor[ei] * wp.sin(az), em.vert[ei])
-    o = wp.transform_point(sensor, o_s)
-    d = wp.normalize(wp.transform_vector(sensor, d_s))
-    # echoes: (range, signal, code = sub-ray · K + depth of the representative surface, its weight·τ)
-    er = vec64f()
-    es = vec64f()
-    ec = vec64i()
-    et = vec64f()
-    ne_out = int(0)
-    first = miss()
-    if p.ray_type == RAY_IDEALIZED:
-        tau = float(1.0)
-        h = closest_hit(geo, o, d, 0.0, p.far, t_fire)
-        first = h
-        depth = int(0)
-        while h.face >= 0 and ne_out < p.max_returns:
-            er[ne_out] = h.t
-            es[ne_out] = tau * surface_signal(h, d, refl)
-            ec[ne_out] = depth
-            et[ne_out] = tau
-            ne_out += 1
-            tr = trans[h.material]
-            if tr <= 0.0:
-                break
-            tau = tau * tr
-            h = continue_past(geo, o, d, h.t, p.far, t_fire)
-            depth += 1
-    else:
-        cr = vec64f()
-        cs = vec64f()
-        cc = vec64i()
-        ct = vec64f()
-        m = int(0)
-        gauss = wp.where(p.ray_type == RAY_GAUSSIAN, 1, 0)
-        wsum = beam_weight_sum(p.beam_n, gauss)
-        for k in range(p.beam_n):
-            w = beam_offset(k, p.beam_n, gauss)[2] / wsum
-            dk = subray_dir(d, k, p)
-            tau = float(1.0)
-            h = closest_hit(geo, o, dk, 0.0, p.far, t_fire)
-            depth = int(0)
-            while h.face >= 0 and depth < p.hits_per_subray and m < MAX_CONTRIB:
-                # insertion by range keeps the list sorted
-                s = w * tau * surface_signal(h, dk, refl)
-                j = m - 1
-                while j >= 0 and cr[j] > h.t:
-                    cr[j + 1] = cr[j]
-                    cs[j + 1] = cs[j]
-                    cc[j + 1] = cc[j]
-                    ct[j + 1] = ct[j]
-                    j -= 1
-                cr[j + 1] = h.t
-                cs[j + 1] = s
-                cc[j + 1] = k * p.hits_per_subray + depth
-                ct[j + 1] = w * tau
-                m += 1
-                tr = trans[h.material]
-                if tr <= 0.0:
-                    break
-                tau = tau * tr
-                h = continue_past(geo, o, dk, h.t, p.far, t_fire)
-                depth += 1
-        # merge into peaks: a contribution within min_echo_dist of the current peak's mean range joins it
-        pr = vec64f()  # Σ s·r
-        ps = vec64f()  # Σ s
-        pn = vec64f()  # members
-        pm = vec64f()  # Σ r (unweighted, for zero-signal peaks)
-        pb = vec64f()  # strongest member's signal
-        pc = vec64i()  # strongest member's code
-        pt = vec64f()  # strongest member's weight·τ
-        npk = int(0)
-        for j in range(m):
-            start_new = npk == 0
-            if not start_new:
-                q = npk - 1
-                mean = pm[q] / pn[q]
-                if ps[q] > 0.0:
-                    mean = pr[q] / ps[q]
-                start_new = cr[j] - mean > p.min_echo_dist
-            if start_new:
-                pr[npk] = 0.0
-                ps[npk] = 0.0
-                pn[npk] = 0.0
-                pm[npk] = 0.0
-                pb[npk] = -1.0
-                npk += 1
-            q = npk - 1
-            pr[q] = pr[q] + cs[j] * cr[j]
-            ps[q] = ps[q] + cs[j]
-            pn[q] = pn[q] + 1.0
-            pm[q] = pm[q] + cr[j]
-            if cs[j] > pb[q]:
-                pb[q] = cs[j]
-                pc[q] = cc[j]
-                pt[q] = ct[j]
-        # strongest first, capped at max_returns
-        for k in range(p.max_returns):
-            best = int(-1)
-            for q in range(npk):
-                if pn[q] > 0.0 and (best < 0 or ps[q] > ps[best]):
-                    best = q
-            if best >= 0:
-                mean = pm[best] / pn[best]
-                if ps[best] > 0.0:
-                    mean = pr[best] / ps[best]
-                er[ne_out] = mean
-                es[ne_out] = ps[best]
-                ec[ne_out] = pc[best]
-                et[ne_out] = pt[best]
-                ne_out += 1
-                pn[best] = 0.0
-    # outputs
-    rng = wp.rand_init(p.seed, f + ticks.scan[ti] * 7919)
-    win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], t_fire, 1.0e-3)
-    sa = sample_trajectory(pose_times, poses, win[0])
-    sb = sample_trajectory(pose_times, poses, win[1])
-    for r in range(ne_out):
-        slot = base + r
-        code = ec[r]
-        k = int(0)
-        depth = code
-        if p.ray_type != RAY_IDEALIZED:
-            k = code // p.hits_per_subray
-            depth = code - k * p.hits_per_subray
-        dk = subray_dir(d, k, p)
-        h = first
-        if p.ray_type != RAY_IDEALIZED or r > 0:
-            h = nth_hit(geo, o, dk, depth, p.far, t_fire)
+    clear_slots(out, base, p.max_returns)
+    fr = schedule(p, em, ticks, f)
+    if fr.fires == 0:
+        return
+    write_identity(out, base, p.max_returns, em, ticks, fr)
+    ray = firing_ray(em, fr, pose_times, poses)
+    ech = find_echoes(geo, p, ray, fr.time, refl, trans)
+    of = output_frame(pose_times, poses, ray.sensor, fr.time, ref_time, custom)
+    rng = wp.rand_init(p.seed, f + ticks.scan[fr.tick] * 7919)
+    for r in range(ech.n):
+        h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
         if h.face < 0:
             continue
-        rng_m = er[r]
-        if p.ray_type == RAY_IDEALIZED:
-            rng_m = hit_distance(geo, h, o, d)  # from the face's vertices, as the differentiable pass does
-        signal = es[r]
-        inten = intensity_from(p, signal, rng_m, wp.abs(wp.dot(h.normal, dk)), gain[e])
-        detected = signal >= p.detect_threshold and rng_m >= p.near and rng_m <= p.far
         noise = wp.vec3(0.0, 0.0, 0.0)
         if p.range_noise > 0.0:
             noise[0] = p.range_noise * wp.randn(rng)
         if p.az_noise > 0.0 or p.el_noise > 0.0:
             noise[1] = p.az_noise * wp.randn(rng)
             noise[2] = p.el_noise * wp.randn(rng)
-        rep = rng_m + em.dcorr[ei] + noise[0]
-        if p.range_res > 0.0:
-            rep = wp.round(rep / p.range_res) * p.range_res
-        pw = o + wp.transform_vector(sensor, sph_dir(az + noise[1], el + noise[2])) * rep
-        flags = wp.uint8(0)
-        if detected:
-            flags = FLAG_VALID
-            if ticks.tick_id[ti] == 0 and (p.rotary != 0 or fire_ns == wp.int64(em.fire_ns[st * ne])):
-                flags = flags | FLAG_NEW_SCAN
-        # velocity of the hit point relative to the sensor, in the sensor axes at the firing pose
-        vw = point_velocity(geo, h)
-        pa = wp.transform_point(wp.transform_inverse(sa), h.point + vw * (win[0] - t_fire))
-        pb2 = wp.transform_point(wp.transform_inverse(sb), h.point + vw * (win[1] - t_fire))
-        v_s = (pb2 - pa) / (win[1] - win[0])
-        v_w = wp.transform_vector(sensor, v_s)
-        out.flags[slot] = flags
-        out.coords[slot] = coords_from(p, pw, sensor, ref_pose, custom)
-        out.intensity[slot] = inten
-        out.material_id[slot] = wp.uint32(h.material_id)
-        oh = obj_hash[h.object_id]
-        out.object_id[slot] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
-        out.normal[slot] = to_output(p, h.normal, 0, sensor, ref_pose, custom)
-        out.velocity[slot] = to_output(p, v_w, 0, sensor, ref_pose, custom)
-        out.semantic[slot] = h.semantic
-        out.face[slot] = h.face
-        out.inst[slot] = h.instance
-        out.material[slot] = h.material
-        out.subray[slot] = k
-        out.tau[slot] = et[r]
-        out.rep_t[slot] = h.t
-        out.rep_s[slot] = et[r] * surface_signal(h, dk, refl)
-        out.peak_r[slot] = er[r]
-        out.peak_s[slot] = es[r]
-        out.noise[slot] = noise
+        ret = measure_return(geo, p, em, ticks, fr, ray, of, ech, r, h, k, dk, noise, refl, gain)
+        write_return(out, base + r, ret, obj_hash, part_number)
+
+
+@wp.func
+def recompute_echo(geo: SceneGeo, p: LidarParams, slots: Slots, i: int, ray: FiringRay, time: float,
+                   refl: wp.array[float]):
+    """Slot i's echo range [m], signal, surface normal and sub-ray direction, recomputed from its surface (face,
+    instance) differentiably. Beam echoes carry the representative surface's change: range = forward range +
+    Δ(representative distance), signal = forward signal · (representative signal / its forward value)."""
+    dk = subray_dir(ray.dir, slots.subray[i], p)
+    h = miss()
+    h.face = slots.face[i]
+    h.instance = slots.inst[i]
+    h.time = time
+    tri = hit_triangle(geo, h)
+    n = wp.normalize(wp.cross(tri[1] - tri[0], tri[2] - tri[0]))
+    t_rep = hit_distance(geo, h, ray.origin, dk)
+    mid = slots.material[i]
+    retro = int(0)
+    if (geo.material_code[mid] >> 11) & 2 != 0:
+        retro = 1
+    s_rep = slots.tau[i] * signal_from(refl[mid], retro, n, dk, t_rep)
+    rng = t_rep
+    signal = s_rep
+    if p.ray_type != RAY_IDEALIZED:
+        rng = slots.peak_r[i] + (t_rep - slots.rep_t[i])
+        signal = slots.peak_s[i] * s_rep / wp.max(slots.rep_s[i], 1.0e-30)
+    return rng, signal, n, dk
 
 
 @wp.kernel
@@ -545,54 +860,18 @@ def lidar_diff_kernel(
 ):
     """Recompute the Coordinates and Intensity of delivered returns from their surfaces, differentiably w.r.t. the
     sensor poses, emitter angles, per-emitter gain, material reflectance and mesh vertices. The surface (face,
-    instance) comes from :func:`lidar_fire_kernel`: the BVH query only picks it. Values equal the forward pass's.
-
-    Beam echoes carry the representative surface's change: range = forward range + Δ(representative distance),
-    signal = forward signal · (representative signal / its forward value).
-    """
+    instance) comes from :func:`lidar_fire_kernel`: the BVH query only picks it. Values equal the forward pass's."""
     j = wp.tid()
     i = src[j]
-    f = slots.fire[i]
-    ne = p.num_emitters
-    ti = f // ne
-    e = f - ti * ne
-    ei = ticks.state[ti] * ne + e
-    t_fire = fired_time(p, em, ticks, ti, ei)
-    ang = firing_angles(p, em, ticks, ti, ei)
-    sensor = sample_trajectory(pose_times, poses, t_fire)
-    ref_pose = sample_trajectory(pose_times, poses, ref_time)
-    d_s = sph_dir(ang[0], ang[1])
-    o_s = wp.vec3(em.hor[ei] * wp.cos(ang[0]), em.hor[ei] * wp.sin(ang[0]), em.vert[ei])
-    o = wp.transform_point(sensor, o_s)
-    d = wp.normalize(wp.transform_vector(sensor, d_s))
-    dk = subray_dir(d, slots.subray[i], p)
-    h = miss()
-    h.face = slots.face[i]
-    h.instance = slots.inst[i]
-    h.time = t_fire
-    tri = hit_triangle(geo, h)
-    n = wp.normalize(wp.cross(tri[1] - tri[0], tri[2] - tri[0]))
-    t_rep = hit_distance(geo, h, o, dk)
-    mid = slots.material[i]
-    retro = int(0)
-    if (geo.material_code[mid] >> 11) & 2 != 0:
-        retro = 1
-    s_rep = slots.tau[i] * signal_from(refl[mid], retro, n, dk, t_rep)
-    rng_m = t_rep
-    signal = s_rep
-    if p.ray_type != RAY_IDEALIZED:
-        rng_m = slots.peak_r[i] + (t_rep - slots.rep_t[i])
-        signal = slots.peak_s[i] * s_rep / wp.max(slots.rep_s[i], 1.0e-30)
-    noise = slots.noise[i]
-    rep = rng_m + em.dcorr[ei] + noise[0]
-    if p.range_res > 0.0:
-        rep = wp.round(rep / p.range_res) * p.range_res
-    pw = o + wp.transform_vector(sensor, sph_dir(ang[0] + noise[1], ang[1] + noise[2])) * rep
-    c = coords_from(p, pw, sensor, ref_pose, custom)
+    fr = schedule(p, em, ticks, slots.fire[i])
+    ray = firing_ray(em, fr, pose_times, poses)
+    rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl)
+    of = output_frame(pose_times, poses, ray.sensor, fr.time, ref_time, custom)
+    c = coords_from(p, measured_point(p, em, fr, ray, rng, slots.noise[i]), of)
     coords[0, j] = c[0]
     coords[1, j] = c[1]
     coords[2, j] = c[2]
-    intensity[j] = intensity_from(p, signal, rng_m, wp.abs(wp.dot(n, dk)), gain[e])
+    intensity[j] = intensity_from(p, signal, rng, wp.abs(wp.dot(n, dk)), gain[fr.emitter])
 
 
 @wp.kernel
