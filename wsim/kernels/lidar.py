@@ -9,7 +9,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
 4. surface walk — :func:`walk_idealized`, :func:`walk_beam`: the surfaces along each (sub-)ray, continuing through
    transmissive materials;
 5. echo merge — :func:`merge_peaks`, :func:`rank_peaks`: beam contributions merged into peaks, strongest first;
-6. detection and intensity — :func:`echo_surface`, :func:`detection_flags`, :func:`intensity_from`;
+6. detection and intensity — :func:`echo_surface`, :func:`return_noise` (keyed by the return, not the launch),
+   :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
    :func:`relative_velocity`;
 8. slot write — :func:`clear_slots`, :func:`write_identity`, :func:`write_return`.
@@ -619,6 +620,29 @@ def intensity_from(p: LidarParams, signal: float, r: float, cosv: float, gain: f
 
 
 @wp.func
+def noise_state(seed: int, scan: int, tick: int, emitter: int, echo: int) -> wp.uint32:
+    """RNG state of one return's noise, a hash of its identity (seed, scan, tick, emitter, echo): the same whatever
+    the launch shape, partialOutputs slicing or thread count, and independent between returns and between scans."""
+    s = wp.rand_init(seed, scan)
+    s = wp.rand_init(wp.int32(s), tick)
+    s = wp.rand_init(wp.int32(s), emitter)
+    return wp.rand_init(wp.int32(s), echo)
+
+
+@wp.func
+def return_noise(p: LidarParams, ticks: TickTable, fr: Firing, echo: int) -> wp.vec3:
+    """Gaussian noise of echo ``echo`` of a firing: range [m], azimuth [rad], elevation [rad] (three draws in this
+    order from the return's own state, so each component does not depend on which others are enabled)."""
+    if p.range_noise <= 0.0 and p.az_noise <= 0.0 and p.el_noise <= 0.0:
+        return wp.vec3(0.0, 0.0, 0.0)
+    rng = noise_state(p.seed, ticks.scan[fr.tick], ticks.tick_id[fr.tick], fr.emitter, echo)
+    dr = wp.randn(rng)
+    da = wp.randn(rng)
+    de = wp.randn(rng)
+    return wp.vec3(p.range_noise * dr, p.az_noise * da, p.el_noise * de)
+
+
+@wp.func
 def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, signal: float,
                     r: float) -> wp.uint8:
     """VALID when the signal reaches the detection threshold inside [near, far]; NEW_SCAN on a valid return of a
@@ -799,17 +823,11 @@ def lidar_fire_kernel(
     ray = firing_ray(em, fr, pose_times, poses)
     ech = find_echoes(geo, p, ray, fr.time, refl, trans)
     of = output_frame(pose_times, poses, ray.sensor, fr.time, ref_time, custom)
-    rng = wp.rand_init(p.seed, f + ticks.scan[fr.tick] * 7919)
     for r in range(ech.n):
         h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
         if h.face < 0:
             continue
-        noise = wp.vec3(0.0, 0.0, 0.0)
-        if p.range_noise > 0.0:
-            noise[0] = p.range_noise * wp.randn(rng)
-        if p.az_noise > 0.0 or p.el_noise > 0.0:
-            noise[1] = p.az_noise * wp.randn(rng)
-            noise[2] = p.el_noise * wp.randn(rng)
+        noise = return_noise(p, ticks, fr, r)
         ret = measure_return(geo, p, em, ticks, fr, ray, of, ech, r, h, k, dk, noise, refl, gain)
         write_return(out, base + r, ret, obj_hash, part_number)
 
