@@ -476,7 +476,7 @@ def test_cameras_lidars_ego_rig_and_metadata(tmp_path):
     cam.AddRotateXYZOp().Set(Gf.Vec3f(90, 0, -90))
     calib = {
         "model": "ftheta",
-        "params": {"principal_point_x": 960.0, "pixeldist_to_angle_poly": [0, 0.001]},
+        "params": {"principal_point_x": 960.0, "principal_point_y": 540.0, "pixeldist_to_angle_poly": [0, 0.001]},
         "resolution": [1920, 1080],
         "shutter_type": "GLOBAL",
         "logical_id": "camera_front_wide_120fov",
@@ -556,7 +556,7 @@ def _make_scene() -> Scene:
     sc.cameras["camera_front_wide_120fov"] = CameraCalibration(
         "camera_front_wide_120fov",
         "ftheta",
-        {"principal_point_x": 960.5, "pixeldist_to_angle_poly": np.array([0.0, 1e-3, 2e-8])},
+        {"principal_point_x": 960.5, "principal_point_y": 540.5, "pixeldist_to_angle_poly": np.array([0.0, 1e-3, 2e-8])},
         (1920, 1080),
         (np.array([1.7, 0.0, 1.4]), np.array([-0.5, 0.5, -0.5, 0.5])),
         "ROLLING_TOP_TO_BOTTOM",
@@ -626,7 +626,8 @@ def test_save_load_round_trip(tmp_path, suffix, up, mpu):
     ref_cam = sc.cameras["camera_front_wide_120fov"]
     assert (cam.model, cam.resolution, cam.shutter_type, cam.unique_id) == (
         "ftheta", (1920, 1080), "ROLLING_TOP_TO_BOTTOM", "front_wide@123")
-    assert cam.params == {"principal_point_x": 960.5, "pixeldist_to_angle_poly": [0.0, 1e-3, 2e-8]}
+    assert cam.params == {"principal_point_x": 960.5, "principal_point_y": 540.5,
+                          "pixeldist_to_angle_poly": [0.0, 1e-3, 2e-8]}
     np.testing.assert_allclose(cam.camera_to_rig[0], ref_cam.camera_to_rig[0], atol=1e-6)
     assert abs(np.dot(cam.camera_to_rig[1], ref_cam.camera_to_rig[1])) == pytest.approx(1.0, abs=1e-9)
     assert back.time_range == pytest.approx((0.0, 12.0))

@@ -25,9 +25,23 @@ def load_scene(source: str | os.PathLike = "builtin") -> Scene:
         from .builtin import load_builtin_scene
 
         return load_builtin_scene("nurec" if str(source).endswith("nurec") else "usd")
-    path = Path(source)
+    try:
+        return _load_file(Path(source))
+    except SceneError:
+        raise
+    except MemoryError:
+        raise SceneError(f"{source}: too large to load (out of memory)") from None
+    except RecursionError:
+        raise SceneError(f"{source}: nested too deeply to load") from None
+    except Exception as e:  # noqa: BLE001 - every loader failure is a SceneError naming the file
+        raise SceneError(f"{source}: cannot be loaded ({type(e).__name__}: {e})") from e
+
+
+def _load_file(path: Path) -> Scene:
     if not path.exists():
         raise SceneError(f"{path}: no such scene file")
+    if path.is_dir():
+        raise SceneError(f"{path}: is a directory, not a scene file")
     if path.suffix.lower() == ".usdz" and _is_nurec(path):
         from .nurec import load_nurec
 
@@ -43,5 +57,5 @@ def _is_nurec(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as z:
             return "metadata.yaml" in z.namelist()
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, OSError):
         return False

@@ -43,15 +43,28 @@ def rle_encode(values: np.ndarray) -> list[int]:
     return [int(x) for x in out]
 
 
-def rle_decode(rle: list[int]) -> np.ndarray:
-    """Inverse of :func:`rle_encode`."""
-    a = np.asarray(rle, dtype=np.int64)
-    if len(a) % 2:
+def rle_decode(rle: list[int], max_length: int | None = None) -> np.ndarray:
+    """Inverse of :func:`rle_encode`.
+
+    Raises:
+        ValueError: An odd or non-integer list, a negative run, or more than ``max_length`` values in all (checked
+            before anything is expanded).
+    """
+    if not isinstance(rle, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in rle):
+        raise ValueError("run-length list must hold integers")
+    if len(rle) % 2:
         raise ValueError("run-length list has an odd number of entries")
-    if len(a) == 0:
+    if len(rle) == 0:
         return np.zeros(0, dtype=np.int32)
-    if np.any(a[1::2] < 0):
+    counts = rle[1::2]
+    if min(counts) < 0:
         raise ValueError("negative run length")
+    total = sum(counts)  # Python ints: no overflow
+    if max_length is not None and total > max_length:
+        raise ValueError(f"run-length list expands to {total:,} values, more than the {max_length:,} the meshes hold")
+    a = np.asarray(rle, dtype=np.int64)
+    if a[0::2].min() < np.iinfo(np.int32).min or a[0::2].max() > np.iinfo(np.int32).max:
+        raise ValueError("run-length value out of the int32 range")
     return np.repeat(a[0::2], a[1::2]).astype(np.int32)
 
 
@@ -91,11 +104,44 @@ def ply_bytes(points: np.ndarray, indices: np.ndarray, colors_u8: np.ndarray | N
     return ("\n".join(head) + "\n").encode("ascii") + v.tobytes() + f.tobytes()
 
 
+_PLY_TYPE_BYTES = {"char": 1, "uchar": 1, "int8": 1, "uint8": 1, "short": 2, "ushort": 2, "int16": 2, "uint16": 2,
+                   "int": 4, "uint": 4, "int32": 4, "uint32": 4, "float": 4, "float32": 4, "double": 8,
+                   "float64": 8}
+
+
+def _check_ply_counts(data: bytes, where: str) -> None:
+    """Refuse a PLY whose header promises more elements than its bytes can hold (before anything is allocated)."""
+    end = data.find(b"end_header", 0, 1 << 16)
+    if not data.startswith(b"ply") or end < 0:
+        return  # not a PLY: the parser reports it
+    binary = b"format binary" in data[:end]
+    body = len(data) - end - len(b"end_header")
+    elements: list[list] = []  # [name, count, minimal bytes per element]
+    for line in data[:end].decode("ascii", "replace").splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[0] == "element":
+            try:
+                count = int(words[2])
+            except ValueError:
+                raise SceneError(f"{where}: PLY element {words[1]!r} has a non-integer count {words[2]!r}") from None
+            if count < 0:
+                raise SceneError(f"{where}: PLY element {words[1]!r} has a negative count")
+            elements.append([words[1], count, 0])
+        elif len(words) >= 3 and words[0] == "property" and elements:
+            kind = words[2] if words[1] == "list" else words[1]  # a list holds at least its count
+            elements[-1][2] += _PLY_TYPE_BYTES.get(kind, 1) if binary else 2  # ASCII: a digit and a separator
+    need = sum(count * max(size, 1) for _, count, size in elements)
+    if need > body:
+        detail = ", ".join(f"{count:,} {name}" for name, count, _ in elements)
+        raise SceneError(f"{where}: PLY header promises {detail}, at least {need:,} bytes, but the file holds {body:,}")
+
+
 def read_ply_mesh(data: bytes, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Parse PLY bytes → (points (N,3) float32, triangles (M,3) int32, linear colours (N,3) float32 or None).
 
     Raises :class:`SceneError` naming ``where`` for unparsable data, NaN points or out-of-range face indices.
     """
+    _check_ply_counts(data, where)
     # plyfile reads binary triangle lists fast only from a real (memory-mapped) file: go through a temporary file.
     with tempfile.TemporaryDirectory(prefix="wsim_ply_") as tmp:
         fname = Path(tmp) / "mesh.ply"

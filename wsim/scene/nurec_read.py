@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,12 @@ from .transforms import compose_matrix, decompose_matrix
 __all__ = ["load_nurec"]
 
 _USD_EXT = (".usda", ".usdc", ".usd")
+#: Largest uncompressed member of an artifact [bytes].
+MAX_MEMBER_BYTES = 4 << 30
+#: Largest uncompressed artifact, all members [bytes].
+MAX_ARCHIVE_BYTES = 16 << 30
+#: Largest compression ratio of a member over 16 MiB (real meshes compress 1-4x; a zip bomb by 1000x).
+MAX_COMPRESSION_RATIO = 200
 
 
 class _Archive:
@@ -33,6 +40,20 @@ class _Archive:
         except (zipfile.BadZipFile, OSError) as e:
             raise SceneError(f"{path}: not a zip archive (NuRec USDZ expected): {e}") from e
         self.names = self.zf.namelist()
+        total = 0
+        for info in self.zf.infolist():
+            total += info.file_size
+            if info.file_size > MAX_MEMBER_BYTES:
+                raise SceneError(f"{path}: member {info.filename} is {info.file_size:,} bytes uncompressed, more than "
+                                 f"the {MAX_MEMBER_BYTES:,} a member may be")
+            if info.file_size > 16 << 20 and info.file_size > MAX_COMPRESSION_RATIO * max(info.compress_size, 1):
+                raise SceneError(f"{path}: member {info.filename} expands {info.file_size / max(info.compress_size, 1):.0f}"
+                                 f"x ({info.compress_size:,} → {info.file_size:,} bytes): not a plausible scene member")
+        if total > MAX_ARCHIVE_BYTES:
+            raise SceneError(f"{path}: {total:,} bytes uncompressed, more than the {MAX_ARCHIVE_BYTES:,} an artifact "
+                             "may be")
+        #: Upper bound on triangles any mesh member can hold (a binary triangle takes at least 13 bytes).
+        self.max_triangles = total // 13 + 1
         # Members may sit in a top-level folder; map base names → full member names (first one wins).
         self.by_base: dict[str, str] = {}
         for n in self.names:
@@ -46,7 +67,7 @@ class _Archive:
     def read(self, member: str) -> bytes:
         try:
             return self.zf.read(member)
-        except (zipfile.BadZipFile, KeyError, OSError, RuntimeError) as e:
+        except (zipfile.BadZipFile, KeyError, OSError, RuntimeError, EOFError, zlib.error, NotImplementedError) as e:
             raise SceneError(f"{self.path}: cannot read member {member}: {e}") from e
 
     def json(self, name: str, required: bool = False) -> Any:
@@ -277,7 +298,7 @@ def _box_mesh(size: np.ndarray, part: int, name: str) -> MeshData:
 
 def _load_ply_geometry(ar: _Archive, sidecar: Any) -> tuple[Scene, dict[str, Any] | None]:
     src = str(ar.path)
-    side = _parse_sidecar(sidecar, src) if sidecar is not None else None
+    side = _parse_sidecar(sidecar, src, ar.max_triangles) if sidecar is not None else None
     scene = Scene(static=MeshData(np.zeros((0, 3)), np.zeros((0, 3)), np.zeros(0), name="static"))
     if side is not None:
         scene.materials, scene.parts, scene.semantic_classes = side["materials"], side["parts"], side["classes"]
@@ -329,7 +350,7 @@ def _load_ply_geometry(ar: _Archive, sidecar: Any) -> tuple[Scene, dict[str, Any
     return scene, side
 
 
-def _parse_sidecar(doc: Any, src: str) -> dict[str, Any]:
+def _parse_sidecar(doc: Any, src: str, max_triangles: int | None = None) -> dict[str, Any]:
     where = f"{src}: member {SIDECAR}"
     if not isinstance(doc, dict):
         raise SceneError(f"{where}: expected a JSON object")
@@ -341,11 +362,11 @@ def _parse_sidecar(doc: Any, src: str) -> dict[str, Any]:
         classes = [str(c) for c in doc["semantic_classes"]]
         parts = [Part(str(p["name"]), int(p["material"]), int(p["semantic_class"]), int(p.get("object_id", 0)))
                  for p in doc["parts"]]
-        meshes = {k: rle_decode(v["tri_part"]) for k, v in doc.get("meshes", {}).items()}
-        prototypes = [dict(member=str(p["member"]), name=str(p.get("name", "")), tri_part=rle_decode(p["tri_part"]))
-                      for p in doc.get("prototypes", [])]
+        meshes = {k: rle_decode(v["tri_part"], max_triangles) for k, v in doc.get("meshes", {}).items()}
+        prototypes = [dict(member=str(p["member"]), name=str(p.get("name", "")),
+                           tri_part=rle_decode(p["tri_part"], max_triangles)) for p in doc.get("prototypes", [])]
         tracks = dict(doc.get("tracks", {}))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise SceneError(f"{where}: malformed table ({type(e).__name__}: {e})") from e
     if not materials or not parts or not classes:
         raise SceneError(f"{where}: materials, parts and semantic_classes must not be empty")

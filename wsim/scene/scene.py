@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import math
+
 import numpy as np
 
 from .materials import Material
@@ -31,6 +33,77 @@ def set_device_geometry_builder(builder: Callable[[Scene, str | None], Any]) -> 
 
 class SceneError(ValueError):
     """A scene file or prim is malformed. The message names the file and/or prim."""
+
+
+#: Largest camera side accepted in a calibration [px].
+MAX_CAMERA_SIDE = 65536
+#: Parameters each camera model needs (CameraSpec field names).
+CAMERA_REQUIRED = {"ftheta": ("principal_point_x", "principal_point_y"),
+                   "opencv_pinhole": ("principal_point_x", "principal_point_y", "focal_length_x", "focal_length_y"),
+                   "opencv_fisheye": ("principal_point_x", "principal_point_y", "focal_length_x", "focal_length_y")}
+
+
+def _numbers(value: Any) -> list[float] | None:
+    """The numbers of a scalar or (nested) list, or None if anything in it is not a number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return [float(value)]
+    if isinstance(value, (list, tuple, np.ndarray)):
+        out: list[float] = []
+        for v in value:
+            n = _numbers(v)
+            if n is None:
+                return None
+            out += n
+        return out
+    return None
+
+
+def _check_calibration(cal: Any, where: str) -> None:
+    """A camera calibration that every lens model can be built from: known model, sane resolution, the model's
+    required parameters, every numeric parameter finite."""
+    if cal.model not in CAMERA_REQUIRED:
+        raise SceneError(f"{where}: unknown camera model {cal.model!r} ({', '.join(CAMERA_REQUIRED)})")
+    w, h = cal.resolution
+    if not all(isinstance(v, (int, np.integer)) and 1 <= v <= MAX_CAMERA_SIDE for v in (w, h)):
+        raise SceneError(f"{where}: resolution {cal.resolution} must be two integers in [1, {MAX_CAMERA_SIDE}]")
+    for name in CAMERA_REQUIRED[cal.model]:
+        if name not in cal.params:
+            raise SceneError(f"{where}: missing parameter {name!r}")
+    if cal.model == "ftheta" and not (cal.params.get("pixeldist_to_angle_poly")
+                                      or cal.params.get("angle_to_pixeldist_poly")):
+        raise SceneError(f"{where}: an f-theta lens needs pixeldist_to_angle_poly or angle_to_pixeldist_poly")
+    for name, value in cal.params.items():
+        if isinstance(value, (str, dict)) or value is None:
+            continue
+        nums = _numbers(value)
+        if nums is None:
+            raise SceneError(f"{where}: parameter {name!r} must be numbers, got {value!r:.80}")
+        if not all(math.isfinite(v) for v in nums):
+            raise SceneError(f"{where}: parameter {name!r} is not finite")
+    for name in ("focal_length_x", "focal_length_y"):
+        if name in cal.params and not float(cal.params[name]) > 0:
+            raise SceneError(f"{where}: {name} must be > 0, got {cal.params[name]}")
+    t, q = (np.asarray(a, dtype=np.float64) for a in cal.camera_to_rig)
+    if t.shape != (3,) or q.shape != (4,) or not (np.all(np.isfinite(t)) and np.all(np.isfinite(q))) or \
+            abs(np.linalg.norm(q) - 1.0) > 1e-3:
+        raise SceneError(f"{where}: camera-to-rig pose must be a finite translation and a unit quaternion")
+
+
+def _check_trajectory(traj: Any, where: str) -> None:
+    times = np.asarray(traj.times)
+    if times.ndim != 1 or len(times) == 0:
+        raise SceneError(f"{where}: timestamps must be a non-empty 1-D list, got shape {times.shape}")
+    if not np.all(np.isfinite(times)) or np.any(np.diff(times) <= 0):
+        raise SceneError(f"{where}: timestamps must be finite and strictly increasing")
+    if traj.translations.shape != (len(times), 3) or traj.rotations.shape != (len(times), 4):
+        raise SceneError(f"{where}: {len(times)} timestamps but {len(traj.translations)} translations and "
+                         f"{len(traj.rotations)} rotations")
+    if not (np.all(np.isfinite(traj.translations)) and np.all(np.isfinite(traj.rotations))):
+        raise SceneError(f"{where}: non-finite pose")
+    if np.any(np.abs(np.linalg.norm(traj.rotations, axis=1) - 1.0) > 1e-3):
+        raise SceneError(f"{where}: rotations must be unit quaternions")
 
 
 @dataclass
@@ -292,6 +365,13 @@ class Scene:
                 raise SceneError(f"{src}: instance {inst.name} references unknown prototype {inst.prototype}")
         if self.num_triangles == 0:
             raise SceneError(f"{src}: the scene has no geometry")
+        t0, t1 = (float(t) for t in self.time_range)
+        if not (math.isfinite(t0) and math.isfinite(t1) and t0 <= t1):
+            raise SceneError(f"{src}: time range {self.time_range} is not a finite (start <= end) interval")
+        if self.ego_trajectory is not None:
+            _check_trajectory(self.ego_trajectory, f"{src}: ego trajectory")
+        for lid, cal in self.cameras.items():
+            _check_calibration(cal, f"{src}: camera {lid}")
 
     def device_geometry(self, device: str | None = None):
         """The device-side geometry (static wp.Mesh, prototype BLASes, instance table, TLAS), built once per device.

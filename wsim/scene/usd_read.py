@@ -6,6 +6,7 @@ PointInstancers, camera calibrations, the ego rig and the time range."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -70,6 +71,12 @@ class _Loader:
         self.mpu = float(UsdGeom.GetStageMetersPerUnit(self.stage))
         self.up = str(UsdGeom.GetStageUpAxis(self.stage))
         self.tcps = float(self.stage.GetTimeCodesPerSecond()) or 24.0
+        if not (math.isfinite(self.mpu) and self.mpu > 0):
+            raise SceneError(f"{self.file}: metersPerUnit must be a positive length [m], got {self.mpu}")
+        if self.up not in ("Y", "Z"):
+            raise SceneError(f"{self.file}: upAxis must be \"Y\" or \"Z\", got {self.up!r}")
+        if not (math.isfinite(self.tcps) and self.tcps > 0):
+            raise SceneError(f"{self.file}: timeCodesPerSecond must be positive, got {self.tcps}")
         self.C = _up_matrix(self.up, self.mpu)
         self.S = np.diag([self.mpu] * 3 + [1.0])
         self.S_inv = np.diag([1.0 / self.mpu] * 3 + [1.0])
