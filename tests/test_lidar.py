@@ -125,6 +125,60 @@ def test_box_room_ranges_are_analytic(device, coords):
         np.testing.assert_allclose(c[2], r, rtol=1e-6)
 
 
+FAR = np.array([10000.0, -10000.0, 100.0])  # 10 km from the origin: float32 world coordinates step by 1 mm there
+
+
+def _matched(a, b):
+    """Entries of two renders matched by (TickId, EmitterId, EchoId)."""
+    key = lambda n: (n["TickId"].astype(np.int64) * 4096 + n["EmitterId"]) * 8 + n["EchoId"]  # noqa: E731
+    _, ia, ib = np.intersect1d(key(a), key(b), return_indices=True)
+    assert len(ia) >= 0.999 * len(key(a))
+    pick = lambda n, i: {k: v[:, i] if k == "Coordinates" else v[i] for k, v in n.items() if k != "Counts"}  # noqa
+    return pick(a, ia), pick(b, ib)
+
+
+@pytest.mark.parametrize("kw", [{}, {"output_motion_compensation_state": "COMPENSATED"},
+                                {"elements_coords_type": "SPHERICAL"}])
+def test_sensor_frame_outputs_do_not_depend_on_the_world_origin(device, kw):
+    """The same room and sensor 10 km from the origin: SENSOR-frame coordinates, ranges and velocities as at the
+    origin. The point is formed relative to the sensor (never in world coordinates) and the sensor's displacements
+    come from its trajectory's key differences, so what is left is the float32 rounding of the range and, for a
+    moving sensor, of the ray origin itself (0.5 mm per axis at 10 km, divided by the incidence cosine)."""
+    from wsim.sensors import lidar_config as lc
+
+    kw = {k: (lc.CoordsType(v) if k == "elements_coords_type" else lc.MotionCompensation(v)) for k, v in kw.items()}
+    pos = np.array([1.5, -2.25, 0.75])  # exact in float32 at 10 km too
+    q0, q1 = quat_from_axis_angle([0, 0, 1], 0.3), quat_from_axis_angle([0, 0, 1], 0.5)
+    h = 0.5 * float(np.spacing(np.float32(FAR[0])))  # rounding of a world coordinate at 10 km [m]
+    for moving in (False, True):
+        out = []
+        for o, cfg_kw in ((np.zeros(3), {}), (np.zeros(3), kw), (FAR, kw)):
+            traj = (Trajectory([0.0, 1.0], [pos + o, pos + o + [12.0, 5.0, 0.0]], [q0, q1]) if moving
+                    else Trajectory([0.0], [pos + o], [q0]))
+            lid = Lidar(config=rotary(n_el=16, ticks=720), scene=box_room_scene(ROOM_LO + o, ROOM_HI + o),
+                        trajectory=traj, device=device).with_config(**cfg_kw)
+            out.append(lid.render(0.0, 0.1).numpy())
+        ref, _ = _matched(out[0], out[2])
+        near, far = _matched(out[1], out[2])
+        c0, c1 = near["Coordinates"].astype(np.float64), far["Coordinates"].astype(np.float64)
+        # incidence cosine of each ray (sensor frame at the firing, no emitter offsets: the point is along the ray)
+        cos = np.abs(np.sum(ref["HitNormal"] * ref["Coordinates"].T, axis=1)) / np.linalg.norm(ref["Coordinates"], axis=0)
+        if "elements_coords_type" in kw:
+            c0[0], c1[0] = np.unwrap(np.deg2rad(c0[0])), np.unwrap(np.deg2rad(c1[0]))  # azimuth [rad]
+            c0[1], c1[1] = np.deg2rad(c0[1]), np.deg2rad(c1[1])
+            r = c0[2]
+            err = np.linalg.norm((c1 - c0) * np.array([r * np.cos(c0[1]), r, np.ones_like(r)]), axis=0)  # [m]
+        else:
+            r = np.linalg.norm(c0, axis=0)
+            err = np.linalg.norm(c1 - c0, axis=0)
+        # static: float32 rounding of the range (was up to 2.2 mm); moving: plus the ray origin's rounding (was
+        # up to 3.5 mm whatever the incidence)
+        tol = 4.0 * np.spacing(np.float32(r)) + (np.sqrt(2.0) * h / cos if moving else 0.0)
+        assert np.all(err <= tol), (moving, err.max(), (err / tol).max())
+        # velocities of the static walls relative to the sensor (were off by up to 1.9 m/s for the moving sensor)
+        np.testing.assert_allclose(far["Velocity"], near["Velocity"], atol=1e-2 if moving else 1e-6)
+
+
 def test_moving_sensor_compensation_and_world_frame(device):
     scene = box_room_scene([-100, -100, -10], [50, 100, 10])
     v = 20.0

@@ -4,7 +4,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
 
 1. schedule — :func:`schedule`: which emitter of which tick, its firing time and delivered angles, whether it fires
    (step window, azimuth window);
-2. firing pose — :func:`firing_ray`: the sensor pose at the firing time, the emitter's origin and direction;
+2. firing pose — :func:`sensor_pose`, :func:`firing_ray`: the sensor pose at the firing time (kept as trajectory key +
+   displacement for sensor-relative arithmetic), the emitter's origin and direction;
 3. beam sub-rays — :func:`beam_offset`, :func:`subray_dir`: the footprint's sub-rays and their weights;
 4. surface walk — :func:`walk_idealized`, :func:`walk_beam`: the surfaces along each (sub-)ray, continuing through
    transmissive materials;
@@ -22,7 +23,7 @@ same step functions. Every firing is independent; nothing is written that a back
 
 import warp as wp
 
-from .pose import difference_window, sample_trajectory
+from .pose import difference_window, key_segment, quat_slerp_shortest
 from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, hit_triangle, miss, point_velocity
 
 MAX_CONTRIB = 64  # beam contributions per firing (sub-rays × surfaces per sub-ray)
@@ -40,6 +41,10 @@ RETRO_GAIN = wp.constant(20.0)
 RAY_IDEALIZED = 0
 RAY_GAUSSIAN = 1
 RAY_UNIFORM = 2
+
+FRAME_SENSOR = 0
+FRAME_WORLD = 1
+FRAME_CUSTOM = 2
 
 
 @wp.struct
@@ -73,7 +78,7 @@ class LidarParams:
     seed: wp.int32
     instant: wp.int32
     window_filter: wp.int32
-    frame: wp.int32  # 0 sensor, 1 world, 2 custom
+    frame: wp.int32  # FRAME_SENSOR, FRAME_WORLD, FRAME_CUSTOM
     compensated: wp.int32
     spherical: wp.int32
 
@@ -162,6 +167,8 @@ class FiringRay:
     """The sensor pose at a firing and the emitter's ray, in the world and in the sensor frame."""
 
     sensor: wp.transform  # sensor-to-world pose at the firing time
+    key: wp.int32  # trajectory key of the firing time's segment
+    offset: wp.vec3  # sensor displacement from that key to the firing [m]
     origin: wp.vec3  # emitter position, world [m]
     dir: wp.vec3  # unit direction, world
     origin_s: wp.vec3  # emitter position, sensor frame [m]
@@ -214,9 +221,12 @@ class OutputFrame:
     sensor: wp.transform  # sensor pose at the firing time
     ref: wp.transform  # sensor pose at the compensation reference time
     custom: wp.mat44  # world → CUSTOM frame
+    shift_ref: wp.vec3  # sensor displacement T(ref) − T(firing) [m] (COMPENSATED)
     win: wp.vec2  # velocity difference window [s]
     before: wp.transform  # sensor pose at win[0]
     after: wp.transform  # sensor pose at win[1]
+    shift_before: wp.vec3  # T(win[0]) − T(firing) [m]
+    shift_after: wp.vec3  # T(win[1]) − T(firing) [m]
 
 
 @wp.struct
@@ -314,16 +324,46 @@ def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firi
 
 # ------------------------------------------------------------------------------------------- 2. firing pose
 @wp.func
+def sensor_pose(times: wp.array[float], poses: wp.array[wp.transform], t: float):
+    """The sensor pose at time t [s] — translation lerp and shortest-arc slerp between the keys around t, clamped
+    outside them (the interpolation of :func:`wsim.kernels.pose.sample_trajectory`) — with the key i of its segment
+    and the in-segment displacement T(t) − T(key i) [m], for sensor-relative arithmetic. The translation is
+    T(key i) + displacement: one rounding at the key's magnitude."""
+    seg = key_segment(times, 0, times.shape[0], t)
+    i = seg[0]
+    if seg[1] == 0:
+        return poses[i], i, wp.vec3(0.0, 0.0, 0.0)
+    s = (t - times[i]) / (times[i + 1] - times[i])
+    t0 = wp.transform_get_translation(poses[i])
+    d = (wp.transform_get_translation(poses[i + 1]) - t0) * s
+    q = quat_slerp_shortest(wp.transform_get_rotation(poses[i]), wp.transform_get_rotation(poses[i + 1]), s)
+    return wp.transform(t0 + d, q), i, d
+
+
+@wp.func
+def displacement(poses: wp.array[wp.transform], i0: int, d0: wp.vec3, i1: int, d1: wp.vec3) -> wp.vec3:
+    """T(t1) − T(t0) from two :func:`sensor_pose` keys and displacements: a key difference (exact between nearby
+    float32 keys) plus in-segment offsets, never the difference of two world positions (which kilometres from the
+    origin carry float32 rounding of about 1 mm)."""
+    return (wp.transform_get_translation(poses[i1]) - wp.transform_get_translation(poses[i0])) + (d1 - d0)
+
+
+@wp.func
 def firing_ray(em: EmitterTable, fr: Firing, pose_times: wp.array[float], poses: wp.array[wp.transform]) -> FiringRay:
     """The sensor pose at the firing time (rolling) and the emitter's ray; the horizontal offset is radial along
     the emitter's azimuth (it turns with the head), the vertical one along z."""
     ray = FiringRay()
-    ray.sensor = sample_trajectory(pose_times, poses, fr.time)
+    sensor, key, offset = sensor_pose(pose_times, poses, fr.time)
+    ray.sensor = sensor
+    ray.key = key
+    ray.offset = offset
     ray.dir_s = sph_dir(fr.az, fr.el)
     hor = em.hor[fr.table]
     ray.origin_s = wp.vec3(hor * wp.cos(fr.az), hor * wp.sin(fr.az), em.vert[fr.table])
-    ray.origin = wp.transform_point(ray.sensor, ray.origin_s)
-    ray.dir = wp.normalize(wp.transform_vector(ray.sensor, ray.dir_s))
+    # key translation + (in-segment displacement + rotated offset): one rounding at the key's magnitude
+    rel = offset + wp.transform_vector(sensor, ray.origin_s)
+    ray.origin = wp.transform_get_translation(poses[key]) + rel
+    ray.dir = wp.normalize(wp.transform_vector(sensor, ray.dir_s))
     return ray
 
 
@@ -658,65 +698,85 @@ def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firi
 
 # -------------------------------------------------------------------------------------------- 7. output frame
 @wp.func
-def output_frame(pose_times: wp.array[float], poses: wp.array[wp.transform], sensor: wp.transform, time: float,
-                 ref_time: float, custom: wp.mat44) -> OutputFrame:
+def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp.transform], ray: FiringRay,
+                 time: float, ref_time: float, custom: wp.mat44) -> OutputFrame:
     """The poses of the output step: at the firing, at the compensation reference, and the ±1 ms velocity window
-    (one-sided at the ends of the trajectory)."""
+    (one-sided at the ends of the trajectory), with the sensor's displacements from the firing to each of them."""
     of = OutputFrame()
-    of.sensor = sensor
-    of.ref = sample_trajectory(pose_times, poses, ref_time)
+    of.sensor = ray.sensor
+    of.ref = ray.sensor
     of.custom = custom
+    if p.compensated != 0:
+        ref, i_r, d_r = sensor_pose(pose_times, poses, ref_time)
+        of.ref = ref
+        of.shift_ref = displacement(poses, ray.key, ray.offset, i_r, d_r)
     of.win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], time, 1.0e-3)
-    of.before = sample_trajectory(pose_times, poses, of.win[0])
-    of.after = sample_trajectory(pose_times, poses, of.win[1])
+    before, i_a, d_a = sensor_pose(pose_times, poses, of.win[0])
+    after, i_b, d_b = sensor_pose(pose_times, poses, of.win[1])
+    of.before = before
+    of.after = after
+    of.shift_before = displacement(poses, ray.key, ray.offset, i_a, d_a)
+    of.shift_after = displacement(poses, ray.key, ray.offset, i_b, d_b)
     return of
 
 
 @wp.func
-def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, rng: float,
+def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, of: OutputFrame, rng: float,
                    noise: wp.vec3) -> wp.vec3:
-    """The reported world point [m]: range + distance correction + range noise, quantized, along the delivered
-    (noisy) angles from the emitter."""
+    """The reported point in the output frame, Cartesian [m]: range + distance correction + range noise, quantized,
+    along the delivered (noisy) angles from the emitter.
+
+    SENSOR frame: formed in the sensor frame and, COMPENSATED, moved to the reference pose by the sensor's
+    displacement (sensor-relative arithmetic: the point never passes through world coordinates, whose float32
+    rounding is about 1 mm ten kilometres from the origin). WORLD and CUSTOM: through the world point.
+    """
     rep = rng + em.dcorr[fr.table] + noise[0]
     if p.range_res > 0.0:
         rep = wp.round(rep / p.range_res) * p.range_res
-    return ray.origin + wp.transform_vector(ray.sensor, sph_dir(fr.az + noise[1], fr.el + noise[2])) * rep
+    dir_s = sph_dir(fr.az + noise[1], fr.el + noise[2])
+    if p.frame == FRAME_SENSOR:
+        c = ray.origin_s + dir_s * rep
+        if p.compensated != 0:
+            c_w = wp.quat_rotate(wp.transform_get_rotation(of.sensor), c) - of.shift_ref  # world axes, from T(ref)
+            c = wp.quat_rotate_inv(wp.transform_get_rotation(of.ref), c_w)
+        return c
+    pw = ray.origin + wp.transform_vector(ray.sensor, dir_s) * rep
+    if p.frame == FRAME_CUSTOM:
+        return wp.transform_point(of.custom, pw)
+    return pw
 
 
 @wp.func
-def to_output(p: LidarParams, v: wp.vec3, is_point: int, of: OutputFrame) -> wp.vec3:
-    """World point (is_point=1) or world vector (0) into the output frame."""
-    if p.frame == 1:
+def to_output(p: LidarParams, v: wp.vec3, of: OutputFrame) -> wp.vec3:
+    """A world vector (normal, velocity) into the output frame's axes."""
+    if p.frame == FRAME_WORLD:
         return v
-    if p.frame == 2:
-        if is_point != 0:
-            return wp.transform_point(of.custom, v)
+    if p.frame == FRAME_CUSTOM:
         return wp.transform_vector(of.custom, v)
     tf = of.sensor
     if p.compensated != 0:
         tf = of.ref
-    if is_point != 0:
-        return wp.transform_point(wp.transform_inverse(tf), v)
     return wp.quat_rotate_inv(wp.transform_get_rotation(tf), v)
 
 
 @wp.func
-def coords_from(p: LidarParams, pw: wp.vec3, of: OutputFrame) -> wp.vec3:
-    """A world point in the output frame and representation (Cartesian [m] or azimuth/elevation [deg], range [m])."""
-    c = to_output(p, pw, 1, of)
+def coords_from(p: LidarParams, c: wp.vec3) -> wp.vec3:
+    """An output-frame point in the output representation (Cartesian [m] or azimuth/elevation [deg], range [m])."""
     if p.spherical != 0:
         rxy = wp.sqrt(c[0] * c[0] + c[1] * c[1])
-        c = wp.vec3(wp.degrees(wp.atan2(c[1], c[0])), wp.degrees(wp.atan2(c[2], rxy)), wp.length(c))
+        return wp.vec3(wp.degrees(wp.atan2(c[1], c[0])), wp.degrees(wp.atan2(c[2], rxy)), wp.length(c))
     return c
 
 
 @wp.func
 def relative_velocity(geo: SceneGeo, h: Hit, time: float, of: OutputFrame) -> wp.vec3:
     """Velocity of the hit point (carried by its object) relative to the moving sensor: the difference quotient over
-    the window of its position in the sensor frame, in the world axes of the firing pose [m/s]."""
+    the window of its position in the sensor frame, in the world axes of the firing pose [m/s]. Positions are taken
+    relative to the sensor at the firing and moved by the sensor's displacements (sensor-relative)."""
     vw = point_velocity(geo, h)
-    pa = wp.transform_point(wp.transform_inverse(of.before), h.point + vw * (of.win[0] - time))
-    pb = wp.transform_point(wp.transform_inverse(of.after), h.point + vw * (of.win[1] - time))
+    q = h.point - wp.transform_get_translation(of.sensor)
+    pa = wp.quat_rotate_inv(wp.transform_get_rotation(of.before), q - of.shift_before + vw * (of.win[0] - time))
+    pb = wp.quat_rotate_inv(wp.transform_get_rotation(of.after), q - of.shift_after + vw * (of.win[1] - time))
     v_s = (pb - pa) / (of.win[1] - of.win[0])
     return wp.transform_vector(of.sensor, v_s)
 
@@ -734,9 +794,9 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     ret.subray = k
     ret.intensity = intensity_from(p, ech.s[r], rng, wp.abs(wp.dot(h.normal, dk)), gain[fr.emitter])
     ret.flags = detection_flags(p, em, ticks, fr, ech.s[r], rng)
-    ret.coords = coords_from(p, measured_point(p, em, fr, ray, rng, noise), of)
-    ret.normal = to_output(p, h.normal, 0, of)
-    ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), 0, of)
+    ret.coords = coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
+    ret.normal = to_output(p, h.normal, of)
+    ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), of)
     ret.tau = ech.tau[r]
     ret.rep_s = ech.tau[r] * surface_signal(h, dk, refl)
     ret.peak_r = ech.r[r]
@@ -822,7 +882,7 @@ def lidar_fire_kernel(
     write_identity(out, base, p.max_returns, em, ticks, fr)
     ray = firing_ray(em, fr, pose_times, poses)
     ech = find_echoes(geo, p, ray, fr.time, refl, trans)
-    of = output_frame(pose_times, poses, ray.sensor, fr.time, ref_time, custom)
+    of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
     for r in range(ech.n):
         h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
         if h.face < 0:
@@ -884,8 +944,8 @@ def lidar_diff_kernel(
     fr = schedule(p, em, ticks, slots.fire[i])
     ray = firing_ray(em, fr, pose_times, poses)
     rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl)
-    of = output_frame(pose_times, poses, ray.sensor, fr.time, ref_time, custom)
-    c = coords_from(p, measured_point(p, em, fr, ray, rng, slots.noise[i]), of)
+    of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
+    c = coords_from(p, measured_point(p, em, fr, ray, of, rng, slots.noise[i]))
     coords[0, j] = c[0]
     coords[1, j] = c[1]
     coords[2, j] = c[2]
