@@ -41,6 +41,23 @@ SHUTTER_RIGHT_TO_LEFT = wp.constant(4)
 RS_TOL_PX = wp.constant(1.0e-3)
 RS_MAX_ITERS = wp.constant(10)
 
+#: OpenCV pinhole unprojection (Newton): target re-projection residual [px] and step limit.
+PINHOLE_TOL_PX = wp.constant(1.0e-4)
+PINHOLE_MAX_ITERS = wp.constant(20)
+#: Iterative unprojections (pinhole, fisheye) report a pixel invalid when their solution re-projects farther from it
+#: than ``UNPROJECT_OK_PX`` [px] + ``UNPROJECT_OK_REL`` × its distance from the principal point (float32 rounding
+#: grows with it): no solution inside the lens's valid range, or no convergence.
+UNPROJECT_OK_PX = wp.constant(1.0e-3)
+UNPROJECT_OK_REL = wp.constant(1.0e-6)
+
+#: 1-D inversions (f-theta polynomials, fisheye θ(δ)): bracketed Newton, stopped when a step is below this relative
+#: size (about two float32 ulps) or after this many steps.
+SOLVE_REL_TOL = wp.constant(2.5e-7)
+SOLVE_MAX_ITERS = wp.constant(40)
+#: Windshield inversion (2-D Newton): stop below this step [rad] or after this many steps.
+WS_TOL_RAD = wp.constant(1.0e-7)
+WS_MAX_ITERS = wp.constant(12)
+
 
 @wp.struct
 class LensParams:
@@ -114,13 +131,29 @@ def poly6_deriv(c: vec6, x: float) -> float:
 
 
 @wp.func
-def poly6_solve(c: vec6, y: float, x0: float, iters: int) -> float:
-    """x with Σ c_k x^k = y by Newton from ``x0``."""
-    x = x0
-    for _ in range(iters):
+def poly6_solve(c: vec6, y: float, x0: float, lo: float, hi: float) -> float:
+    """x in [lo, hi] with Σ c_k x^k = y, for a polynomial increasing on [lo, hi]: Newton from ``x0``, bisecting the
+    bracket where a step would leave it; stops when a step is below float32 resolution or after ``SOLVE_MAX_ITERS``.
+    A y outside the polynomial's range on the bracket gives the nearer end."""
+    a = lo
+    b = hi
+    x = wp.clamp(x0, lo, hi)
+    for _ in range(SOLVE_MAX_ITERS):
+        f = poly6(c, x) - y
+        if f == 0.0:
+            break
+        if f > 0.0:
+            b = x
+        else:
+            a = x
         d = poly6_deriv(c, x)
-        if wp.abs(d) > 1.0e-12:
-            x = x - (poly6(c, x) - y) / d
+        xn = x - f / wp.where(d > 0.0, d, 1.0)
+        if not (d > 0.0 and xn >= a and xn <= b):
+            xn = 0.5 * (a + b)
+        step = wp.abs(xn - x)
+        x = xn
+        if step <= SOLVE_REL_TOL * wp.abs(x):
+            break
     return x
 
 
@@ -164,16 +197,21 @@ def bivariate_map(ch: vec28, nh: int, cv: vec28, nv: int, phi: float, theta: flo
 
 @wp.func
 def bivariate_solve(ch: vec28, nh: int, cv: vec28, nv: int, target: wp.vec2, start: wp.vec2) -> wp.vec2:
-    """(φ, θ) with (P_h, P_v)(φ, θ) = target by 2-D Newton from ``start`` (6 steps)."""
+    """(φ, θ) with (P_h, P_v)(φ, θ) = target by 2-D Newton from ``start``, until a step is < ``WS_TOL_RAD`` or after
+    ``WS_MAX_ITERS`` steps."""
     x = start
-    for _ in range(6):
+    for _ in range(WS_MAX_ITERS):
         h = bivariate(ch, nh, x[0], x[1])
         w = bivariate(cv, nv, x[0], x[1])
         det = h[1] * w[2] - h[2] * w[1]
-        if wp.abs(det) > 1.0e-12:
-            rh = h[0] - target[0]
-            rv = w[0] - target[1]
-            x = x - wp.vec2((w[2] * rh - h[2] * rv) / det, (-w[1] * rh + h[1] * rv) / det)
+        if not (wp.abs(det) > 1.0e-12):
+            break
+        rh = h[0] - target[0]
+        rv = w[0] - target[1]
+        step = wp.vec2((w[2] * rh - h[2] * rv) / det, (-w[1] * rh + h[1] * rv) / det)
+        x = x - step
+        if wp.length(step) < WS_TOL_RAD:
+            break
     return x
 
 
@@ -235,7 +273,7 @@ def ftheta_project(lens: LensParams, p: wp.vec3) -> wp.vec3:
     theta = wp.min(theta_raw, lens.max_angle)
     delta = poly6(lens.fw, theta)
     if lens.fw_reference == 0:
-        delta = poly6_solve(lens.bw, theta, delta, 3)
+        delta = poly6_solve(lens.bw, theta, delta, 0.0, 1.0e7)
     # δ/ρ, with its limit fw'(0)/z on the optical axis
     scale = float(0.0)
     if rho > 1.0e-8 * wp.abs(p[2]):
@@ -258,26 +296,54 @@ def ftheta_unproject(lens: LensParams, uv: wp.vec2) -> wp.vec4:
     if lens.fw_reference == 0:
         theta = poly6(lens.bw, r)
     else:
-        theta = poly6_solve(lens.fw, r, poly6(lens.bw, r), 3)
+        theta = poly6_solve(lens.fw, r, poly6(lens.bw, r), 0.0, lens.max_angle)
     s = wp.sin(theta) / r
     ok = theta < lens.max_angle and theta >= 0.0
     return wp.vec4(s * q[0], s * q[1], wp.cos(theta), wp.where(ok, 1.0, 0.0))
 
 
+@wp.struct
+class PinholeEval:
+    """OpenCV rational + tangential + thin-prism model at an undistorted normalised point x: the distorted point is
+    x' = x + ``corr`` (corr = x·(d − 1) + Δ, kept apart from x so it is not rounded at the scale of x), ``jac`` =
+    ∂x'/∂x, ``d`` = the radial factor."""
+
+    corr: wp.vec2
+    jac: wp.mat22
+    d: float
+
+
 @wp.func
-def pinhole_distortion(lens: LensParams, x: wp.vec2) -> wp.vec3:
-    """(Δx, Δy, d) of the OpenCV rational + tangential + thin-prism model at normalised point x."""
+def pinhole_eval(lens: LensParams, x: wp.vec2) -> PinholeEval:
+    """x' − x and ∂x'/∂x (analytic) of x' = x·d(r²) + Δ(x), d = (1 + k1r² + k2r⁴ + k3r⁶)/(1 + k4r² + k5r⁴ + k6r⁶),
+    Δx = 2p1xy + p2(r² + 2x²) + s1r² + s2r⁴, Δy = p1(r² + 2y²) + 2p2xy + s3r² + s4r⁴."""
     k = lens.radial
-    r2 = x[0] * x[0] + x[1] * x[1]
-    r4 = r2 * r2
-    r6 = r4 * r2
-    d = (1.0 + k[0] * r2 + k[1] * r4 + k[2] * r6) / (1.0 + k[3] * r2 + k[4] * r4 + k[5] * r6)
     p1 = lens.tangential[0]
     p2 = lens.tangential[1]
     s = lens.prism
-    dx = 2.0 * p1 * x[0] * x[1] + p2 * (r2 + 2.0 * x[0] * x[0]) + s[0] * r2 + s[1] * r4
-    dy = p1 * (r2 + 2.0 * x[1] * x[1]) + 2.0 * p2 * x[0] * x[1] + s[2] * r2 + s[3] * r4
-    return wp.vec3(dx, dy, d)
+    r2 = x[0] * x[0] + x[1] * x[1]
+    den = 1.0 + r2 * (k[3] + r2 * (k[4] + r2 * k[5]))
+    dm1 = r2 * ((k[0] - k[3]) + r2 * ((k[1] - k[4]) + r2 * (k[2] - k[5]))) / den  # d − 1 = (num − den)/den
+    d = 1.0 + dm1
+    dnum = k[0] + r2 * (2.0 * k[1] + r2 * 3.0 * k[2])  # ∂num/∂r²
+    dden = k[3] + r2 * (2.0 * k[4] + r2 * 3.0 * k[5])
+    dd = (dnum - d * dden) / den  # ∂d/∂r²
+    xy = x[0] * x[1]
+    px = s[0] + s[1] * r2  # prism Δx = r²·(s1 + s2r²)
+    py = s[2] + s[3] * r2
+    dpx = s[0] + 2.0 * s[1] * r2  # ∂(r²·(s1 + s2r²))/∂r²
+    dpy = s[2] + 2.0 * s[3] * r2
+    out = PinholeEval()
+    out.d = d
+    out.corr = wp.vec2(x[0] * dm1 + 2.0 * p1 * xy + p2 * (r2 + 2.0 * x[0] * x[0]) + r2 * px,
+                       x[1] * dm1 + p1 * (r2 + 2.0 * x[1] * x[1]) + 2.0 * p2 * xy + r2 * py)
+    # ∂r²/∂x_j = 2x_j
+    a00 = d + 2.0 * x[0] * x[0] * dd + 2.0 * p1 * x[1] + 6.0 * p2 * x[0] + 2.0 * x[0] * dpx
+    a01 = 2.0 * xy * dd + 2.0 * p1 * x[0] + 2.0 * p2 * x[1] + 2.0 * x[1] * dpx
+    a10 = 2.0 * xy * dd + 2.0 * p1 * x[0] + 2.0 * p2 * x[1] + 2.0 * x[0] * dpy
+    a11 = d + 2.0 * x[1] * x[1] * dd + 6.0 * p1 * x[1] + 2.0 * p2 * x[0] + 2.0 * x[1] * dpy
+    out.jac = wp.mat22(a00, a01, a10, a11)
+    return out
 
 
 @wp.func
@@ -285,23 +351,52 @@ def pinhole_project(lens: LensParams, p: wp.vec3) -> wp.vec3:
     z = p[2]
     zs = wp.where(wp.abs(z) > 1.0e-12, z, 1.0e-12)
     x = wp.vec2(p[0] / zs, p[1] / zs)
-    dist = pinhole_distortion(lens, x)
-    d = dist[2]
-    uv = wp.vec2(lens.focal[0] * (x[0] * d + dist[0]) + lens.pp[0], lens.focal[1] * (x[1] * d + dist[1]) + lens.pp[1])
-    ok = z > 0.0 and d > 0.8 and d < 1.2 and inside_image(lens, uv)
+    e = pinhole_eval(lens, x)
+    uv = wp.vec2(lens.focal[0] * (x[0] + e.corr[0]) + lens.pp[0], lens.focal[1] * (x[1] + e.corr[1]) + lens.pp[1])
+    ok = z > 0.0 and e.d > 0.8 and e.d < 1.2 and inside_image(lens, uv)
     return wp.vec3(uv[0], uv[1], wp.where(ok, 1.0, 0.0))
 
 
 @wp.func
 def pinhole_unproject(lens: LensParams, uv: wp.vec2) -> wp.vec4:
+    """Newton on x'(x) = x₀ with the analytic 2×2 Jacobian, from x = x₀: stops when the re-projection residual is
+    < ``PINHOLE_TOL_PX``, when a step no longer reduces it (float32 rounding), or after ``PINHOLE_MAX_ITERS`` steps;
+    a step that would increase a residual above ``UNPROJECT_OK_PX`` is halved (up to 10 times). Valid iff 0.8 < d < 1.2
+    at the solution and it re-projects within ``UNPROJECT_OK_PX`` (+ ``UNPROJECT_OK_REL``) of the pixel."""
     x0 = wp.vec2((uv[0] - lens.pp[0]) / lens.focal[0], (uv[1] - lens.pp[1]) / lens.focal[1])
+    fs = wp.max(lens.focal[0], lens.focal[1])  # normalised → pixel units of the residual
     x = x0
-    for _ in range(10):
-        dist = pinhole_distortion(lens, x)
-        x = wp.vec2((x0[0] - dist[0]) / dist[2], (x0[1] - dist[1]) / dist[2])
-    d = pinhole_distortion(lens, x)[2]
+    e = pinhole_eval(lens, x)
+    r = e.corr  # residual x' − x₀ = (x − x₀) + corr, exact in the first term near the solution
+    res = wp.length(r) * fs
+    for _ in range(PINHOLE_MAX_ITERS):
+        if res < PINHOLE_TOL_PX:
+            break
+        det = wp.determinant(e.jac)
+        if not (wp.abs(det) > 1.0e-12):
+            break
+        step = wp.vec2(e.jac[1, 1] * r[0] - e.jac[0, 1] * r[1], -e.jac[1, 0] * r[0] + e.jac[0, 0] * r[1]) / det
+        xn = x - step
+        en = pinhole_eval(lens, xn)
+        vn = (xn - x0) + en.corr
+        rn = wp.length(vn) * fs
+        if not (rn < res) and res > UNPROJECT_OK_PX:  # overshoot far from the solution: backtrack
+            for _h in range(10):
+                step = 0.5 * step
+                xn = x - step
+                en = pinhole_eval(lens, xn)
+                vn = (xn - x0) + en.corr
+                rn = wp.length(vn) * fs
+                if rn < res:
+                    break
+        if not (rn < res):
+            break
+        x = xn
+        e = en
+        r = vn
+        res = rn
     ray = wp.normalize(wp.vec3(x[0], x[1], 1.0))
-    ok = d > 0.8 and d < 1.2
+    ok = e.d > 0.8 and e.d < 1.2 and res < UNPROJECT_OK_PX + UNPROJECT_OK_REL * wp.length(x0) * fs
     return wp.vec4(ray[0], ray[1], ray[2], wp.where(ok, 1.0, 0.0))
 
 
@@ -334,17 +429,37 @@ def fisheye_project(lens: LensParams, p: wp.vec3) -> wp.vec3:
 
 @wp.func
 def fisheye_unproject(lens: LensParams, uv: wp.vec2) -> wp.vec4:
+    """θ with δ(θ) = r by Newton bracketed in [0, max_angle] (δ increases there: ``max_angle`` is capped where it
+    stops increasing), bisecting where a step would leave the bracket; stops when a step is below float32 resolution
+    or after ``SOLVE_MAX_ITERS``. Valid iff θ < max_angle and δ(θ) re-projects within ``UNPROJECT_OK_PX``
+    (+ ``UNPROJECT_OK_REL``) of the pixel (pixels beyond δ(max_angle) have no ray)."""
     q = wp.vec2((uv[0] - lens.pp[0]) / lens.focal[0], (uv[1] - lens.pp[1]) / lens.focal[1])
     r = wp.length(q)
     if r < 1.0e-9:
         return wp.vec4(0.0, 0.0, 1.0, 1.0)
+    a = float(0.0)
+    b = lens.max_angle
     theta = wp.min(r, lens.max_angle)
-    for _ in range(8):
+    for _ in range(SOLVE_MAX_ITERS):
+        f = fisheye_delta(lens.radial, theta) - r
+        if f == 0.0:
+            break
+        if f > 0.0:
+            b = theta
+        else:
+            a = theta
         dd = fisheye_delta_deriv(lens.radial, theta)
-        if wp.abs(dd) > 1.0e-12:
-            theta = theta - (fisheye_delta(lens.radial, theta) - r) / dd
+        tn = theta - f / wp.where(dd > 0.0, dd, 1.0)
+        if not (dd > 0.0 and tn >= a and tn <= b):
+            tn = 0.5 * (a + b)
+        step = wp.abs(tn - theta)
+        theta = tn
+        if step <= SOLVE_REL_TOL * theta:
+            break
     s = wp.sin(theta) / r
-    ok = theta >= 0.0 and theta < lens.max_angle
+    fs = wp.max(lens.focal[0], lens.focal[1])
+    res = wp.abs(fisheye_delta(lens.radial, theta) - r) * fs
+    ok = theta >= 0.0 and theta < lens.max_angle and res < UNPROJECT_OK_PX + UNPROJECT_OK_REL * r * fs
     return wp.vec4(s * q[0], s * q[1], wp.cos(theta), wp.where(ok, 1.0, 0.0))
 
 

