@@ -357,6 +357,34 @@ def render(args: argparse.Namespace) -> int:
     return 0
 
 
+def dataset(args: argparse.Namespace) -> int:
+    """``wsim dataset SPEC --out DIR``: render a dataset spec (README "Datasets"); 1 if any shard failed."""
+    from wsim.dataset import plan_dataset, print_summary, run_dataset
+    from wsim.dataset.spec import load_spec
+
+    spec = load_spec(args.spec)
+    if args.device is not None:
+        import dataclasses
+
+        spec = dataclasses.replace(spec, device=args.device)
+    plan = plan_dataset(spec)
+    if args.dry_run:
+        for name, sc in plan.scenes.items():
+            print(f"scene            {name}: {sc['frames']} frames ({sc['source']})")
+        print(f"plan             {len(plan.shards)} shards x up to {spec.frames.chunk} frames, {plan.num_frames} frames "
+              f"({len(spec.variants)} variant{'s' * (len(spec.variants) > 1)}) -> {args.out}")
+        return 0
+    summary = run_dataset(spec, args.out, workers=args.workers, threads=args.threads, ray=args.ray,
+                          retries=args.retries, progress=not args.quiet, verbose=args.verbose, plan=plan)
+    print_summary(summary)
+    if summary.failures:
+        print(f"wsim: error: {len(summary.failures)} of {summary.shards} shards failed (first: "
+              f"{summary.failures[0][0]}: {summary.failures[0][1]}); run the same command again to retry them",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _one_line(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     return "; ".join(lines) or type(e).__name__
@@ -421,6 +449,21 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--no-warm-up", action="store_true", help="skip the start-up warm-up renders (the first requests "
                     "then pay for kernel compilation and BVH builds)")
     sv.set_defaults(func=lambda a: __import__("wsim.grpc.server", fromlist=["main"]).main(a))
+    ds = sub.add_parser("dataset", help="render a dataset spec (scenes x rig x frames x variants) on local worker "
+                        "processes or a Ray cluster, resumable, as MCAP and a folder of PLY/PNG/JSON")
+    ds.add_argument("spec", help="dataset spec (YAML; README \"Datasets\")")
+    ds.add_argument("--out", required=True, help="dataset folder; rerunning into it renders only unfinished shards")
+    ds.add_argument("--workers", type=int, default=None, help="local worker processes (default: one per core, at most "
+                    "one per shard; 0: render in this process)")
+    ds.add_argument("--threads", type=int, default=None, help="CPU threads per worker or Ray task (default: cores / "
+                    "workers)")
+    ds.add_argument("--ray", default=None, metavar="ADDRESS|auto", help="run the shards as Ray tasks: auto starts a "
+                    "local Ray instance, else a cluster address (ray://host:10001, host:6379); needs wsim[ray]")
+    ds.add_argument("--retries", type=int, default=2, help="further attempts of a failed shard (default 2)")
+    ds.add_argument("--device", default=None, help="Warp device (default: the spec's device, else Warp's default)")
+    ds.add_argument("--dry-run", action="store_true", help="check the spec and print the plan; render nothing")
+    ds.add_argument("--quiet", action="store_true", help="no progress bar")
+    ds.set_defaults(func=dataset)
     args = p.parse_args(argv)
     try:
         _init_warp(args.verbose)
