@@ -123,7 +123,7 @@ def world_rays(lid, scene, t0: float, t1: float):
     pc = w.render(t0, t1)
     a = pc.numpy()
     origin_ns = int(scene.time_origin_us * 1000)
-    t_fire = (pc.params["frameStartTimeStampNs"] - origin_ns + a["TimeOffsetNs"].astype(np.int64)) * 1e-9
+    t_fire = (pc.value("frameStartTimeStampNs") - origin_ns + a["TimeOffsetNs"].astype(np.int64)) * 1e-9
     traj = w.trajectory
     times = np.asarray(traj.times, float)
     tr = np.asarray(traj.translations, float)

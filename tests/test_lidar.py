@@ -76,7 +76,7 @@ def test_pandar128_preset_matches_device_table_and_timing(device):
     phi = 360.0 * n["TimeOffsetNs"] * 1e-9 / 0.1
     d_az = (n["Coordinates"][0] - (az[e] - phi) + 180.0) % 360.0 - 180.0
     assert np.abs(d_az).max() < 1e-3
-    assert pc.params["maxPoints"] == pc.count and pc.params["coordsType"] == 1
+    assert pc.value("maxPoints") == pc.count and pc.value("coordsType") == 1
     # first tick carries NEW_SCAN
     assert np.all((n["Flags"][tick == 0] & FLAG_NEW_SCAN) != 0) and np.all((n["Flags"][tick > 0] & FLAG_NEW_SCAN) == 0)
 
@@ -339,7 +339,7 @@ def test_dark_target_beyond_detection_range_is_dropped(device):
     assert Lidar(config=cfg, scene=_plane_scene(150.0, rho=0.9), trajectory=STATIC).render(0.0, 0.1).count == 1
     cfg.include_invalid_points = True
     pc = Lidar(config=cfg, scene=_plane_scene(150.0, rho=0.05), trajectory=STATIC).render(0.0, 0.1)
-    assert pc.count == 1 and not pc.valid[0] and pc.params["compactionType"] == 1
+    assert pc.count == 1 and not pc.valid[0] and pc.value("compactionType") == 1
     assert pc["EmitterId"].numpy()[0] == 0
 
 
@@ -357,7 +357,7 @@ def test_partial_outputs_slices_add_up_to_the_scan(device):
     counts = [whole_lidar.render(a, a + 0.03).count for a in (0.0, 0.03, 0.06)]
     assert counts == [0, 0, 0]
     whole = whole_lidar.render(0.09, 0.12)
-    assert whole.count == 400 and whole.params["timestampNs"] == 0
+    assert whole.count == 400 and whole.value("timestampNs") == 0
     assert whole_lidar.frame_id == 4
     part_lidar = whole_lidar.with_config(partial_outputs=True)
     slices = [part_lidar.render(a, a + 0.025) for a in (0.0, 0.025, 0.05, 0.075)]
@@ -371,7 +371,7 @@ def test_partial_outputs_slices_add_up_to_the_scan(device):
     np.testing.assert_array_equal(cat["TickId"][a], w["TickId"][b])
     np.testing.assert_allclose(cat["Coordinates"][:, a], w["Coordinates"][:, b], atol=1e-5)
     # a slice's offsets are relative to its own start
-    assert slices[1].params["timestampNs"] == 25_000_000 and slices[1]["TimeOffsetNs"].numpy().min() >= 0
+    assert slices[1].value("timestampNs") == 25_000_000 and slices[1]["TimeOffsetNs"].numpy().min() >= 0
 
 
 def test_instant_lidar_offsets_are_zero(device):
@@ -380,7 +380,7 @@ def test_instant_lidar_offsets_are_zero(device):
                 trajectory=STATIC, device=device)
     pc = lid.render(0.02, 0.05)
     assert pc.count == 400 and np.all(pc["TimeOffsetNs"].numpy() == 0)
-    assert pc.params["timestampNs"] == 20_000_000 and pc.params["frameEndTimeStampNs"] == 50_000_000
+    assert pc.value("timestampNs") == 20_000_000 and pc.value("frameEndTimeStampNs") == 50_000_000
 
 
 # --------------------------------------------------------------------------------------------------- ids
@@ -439,7 +439,7 @@ def test_noise_is_keyed_by_firing_whatever_the_slicing_or_threads(device, monkey
         cat = {k: np.concatenate([p[k] for p in parts], axis=-1 if k == "Coordinates" else 0)
                for k in parts[0] if k != "Counts"}
         # absolute firing times: each frame's offsets are relative to its own start
-        cat["TimeOffsetNs"] = np.concatenate([p["TimeOffsetNs"] + pc.params["timestampNs"]
+        cat["TimeOffsetNs"] = np.concatenate([p["TimeOffsetNs"].astype(np.int64) + pc.value("timestampNs")
                                               for p, pc in zip(parts, [q for q in pcs if q.count])])
         order = np.lexsort((cat["EchoId"], cat["EmitterId"], cat["TickId"]))
         return {k: v[..., order] if k == "Coordinates" else v[order] for k, v in cat.items()}
@@ -571,7 +571,34 @@ def test_point_cloud_writers_and_torch(tmp_path):
     assert isinstance(t["Intensity"], torch.Tensor) and t["Coordinates"].shape == (3, 400)
     # zero-copy: the tensor shares the Warp array's memory
     assert t["Intensity"].data_ptr() == pc["Intensity"].ptr
-    assert pc.params["modality"] == 1 and (pc["Flags"].numpy() & FLAG_VALID).all()
+    assert pc.value("modality") == 1 and (pc["Flags"].numpy() & FLAG_VALID).all()
+
+
+def test_params_are_typed_as_the_output_contract(device):
+    """Every param is a NumPy array of the contract's dtype and shape (the ten scalars uint64/uint32/uint16 of shape
+    [1]); ``value`` gives the scalars as ints."""
+    from wsim.sensors.pointcloud import PARAMS
+
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    scene.time_origin_us = 1_700_000_000_000_000  # a real epoch: timestamps beyond int32 and float64's ns precision
+    lid = Lidar(config=rotary(n_el=2, ticks=50, include_invalid_points=True), scene=scene, trajectory=STATIC,
+                device=device)
+    lid.render(0.0, 0.04)
+    pc = lid.render(0.04, 0.1)
+    assert set(PARAMS) <= set(pc.params)
+    for name, (dtype, shape) in PARAMS.items():
+        v = pc.params[name]
+        assert isinstance(v, np.ndarray) and v.dtype == np.dtype(dtype) and v.shape == shape, (name, v)
+    scalars = [k for k, (_, shape) in PARAMS.items() if shape == (1,)]
+    assert len(scalars) == 10
+    start = 1_700_000_000_000_000_000
+    assert pc.params["timestampNs"][0] == np.uint64(start) and pc.value("timestampNs") == start
+    assert pc.value("frameEndTimeStampNs") == start + 100_000_000 and pc.value("frameId") == 2
+    assert (pc.value("maxPoints"), pc.value("compactionType"), pc.value("coordsType")) == (pc.count, 1, 0)
+    assert all(type(pc.value(k)) is int for k in scalars)
+    # firing times stay exact in ns when added as ints
+    t = pc.value("timestampNs") + pc["TimeOffsetNs"].numpy().astype(np.int64)
+    assert t.dtype == np.int64 and t.min() == start
 
 
 def test_azimuth_window_direction_and_custom_frame(device):
@@ -597,7 +624,7 @@ def test_azimuth_window_direction_and_custom_frame(device):
     custom = Lidar(config=base, scene=scene, trajectory=traj).with_config(
         output_frame_of_reference=FrameOfReference.CUSTOM, custom_frame_of_reference_trafo=trafo).render(0.0, 0.1)
     np.testing.assert_allclose(custom.xyz(), world + [1, 2, 3], atol=1e-4)
-    assert custom.params["frameOfReference"] == 2
+    assert custom.value("frameOfReference") == 2
 
 
 def test_emitter_offsets_distance_correction_and_quantization(device):

@@ -546,7 +546,7 @@ def lidar_point_times(pc: Any, scene: Any = None) -> np.ndarray:
     """(N,) firing time of each point on the scene clock [s]: (timestampNs + TimeOffsetNs − time origin) · 1e-9."""
     origin_ns = int(round(scene.time_origin_us * 1000)) if scene is not None else 0
     off = pc["TimeOffsetNs"].numpy()[: pc.count].astype(np.int64)
-    return (int(pc.params.get("timestampNs", 0)) - origin_ns + off).astype(np.float64) * 1e-9
+    return (pc.value("timestampNs", 0) - origin_ns + off).astype(np.float64) * 1e-9
 
 
 def lidar_point_instances(pc: Any, scene: Any) -> np.ndarray:

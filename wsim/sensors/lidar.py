@@ -26,7 +26,7 @@ from .lidar_config import (
     RayType,
     ScanType,
 )
-from .pointcloud import ALWAYS, CHANNELS, PointCloud
+from .pointcloud import ALWAYS, CHANNELS, PointCloud, typed_params
 from .presets import preset as _preset
 
 Pose = tuple[Sequence[float], Sequence[float]]  # (translation (3,) [m], quaternion (x, y, z, w))
@@ -463,7 +463,7 @@ class Lidar:
             "compactionType": 1 if c.include_invalid_points else 2,
             "compensationReference": comp_ref,
         }
-        return PointCloud(channels, params), src
+        return PointCloud(channels, typed_params(params)), src
 
     def with_config(self, **changes: Any) -> Lidar:
         """A copy of this lidar with config fields changed (same placement, scene, channels and, when the emitter

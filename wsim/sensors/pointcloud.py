@@ -31,6 +31,48 @@ CHANNELS: dict[str, tuple[str, str]] = {
 }
 ALWAYS = ("Counts", "Flags")
 
+#: Param name → (dtype, shape) of every param, as the RTX output contract has them (host NumPy arrays).
+PARAMS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "frameId": ("uint64", (1,)),
+    "timestampNs": ("uint64", (1,)),
+    "modality": ("uint32", (1,)),
+    "frameOfReference": ("uint16", (1,)),
+    "coordsType": ("uint32", (1,)),
+    "modelToAppTransform": ("float32", (4, 4)),
+    "frameStartTimeStampNs": ("uint64", (1,)),
+    "frameStartPosM": ("float32", (3,)),
+    "frameStartOrientation": ("float32", (4,)),
+    "frameEndTimeStampNs": ("uint64", (1,)),
+    "frameEndPosM": ("float32", (3,)),
+    "frameEndOrientation": ("float32", (4,)),
+    "maxPoints": ("uint32", (1,)),
+    "motionCompensationState": ("uint16", (1,)),
+    "compactionType": ("uint32", (1,)),
+}
+
+
+def typed_params(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every contract param (:data:`PARAMS`) as a NumPy array of its dtype and shape; other entries
+    (wsim's own, e.g. ``compensationReference``) are kept as they are.
+
+    Raises:
+        ValueError: A value does not fit its type (e.g. a negative timestamp for uint64); the message names it.
+    """
+    out = dict(values)
+    for name, (dtype, shape) in PARAMS.items():
+        if name not in out:
+            continue
+        v = out[name]
+        arr = np.asarray(v)
+        ok = arr.size == int(np.prod(shape))
+        if np.dtype(dtype).kind in "iu":
+            info = np.iinfo(dtype)
+            ok = ok and arr.dtype.kind in "iu" and info.min <= int(arr.min()) and int(arr.max()) <= info.max
+        if not ok:
+            raise ValueError(f"param {name}: {v!r} is not a {dtype} of shape {list(shape)}")
+        out[name] = arr.astype(dtype).reshape(shape)
+    return out
+
 
 @dataclass
 class PointCloud:
@@ -41,7 +83,10 @@ class PointCloud:
             always present; others only if selected. wsim also delivers ``SemanticId`` (int32 [N]) when asked.
         params: frameId, timestampNs, modality, frameOfReference, coordsType, modelToAppTransform,
             frameStartTimeStampNs, frameEndTimeStampNs, frameStartPosM, frameEndPosM, frameStartOrientation,
-            frameEndOrientation (x, y, z, w), maxPoints, motionCompensationState, compactionType.
+            frameEndOrientation (x, y, z, w), maxPoints, motionCompensationState, compactionType: host NumPy arrays
+            typed as the contract has them (see :data:`PARAMS`: e.g. timestampNs uint64 [1], frameOfReference
+            uint16 [1]); :meth:`value` gives a [1]-shaped one as a Python int. wsim adds compensationReference
+            ("start" or "end").
         tape: With ``render(..., requires_grad=True)``, the ``wp.Tape`` that recorded Coordinates and Intensity.
         inputs: The differentiable inputs of that tape (their ``.grad`` after ``tape.backward``): ``poses`` (sensor
             key poses, ``wp.transform`` at ``pose_times``), ``azimuth``/``elevation`` (emitter offsets [rad], per
@@ -61,6 +106,20 @@ class PointCloud:
 
     def __len__(self) -> int:
         return self.count
+
+    def value(self, name: str, default: Any = None) -> Any:
+        """Param ``name`` as a plain Python value: an int for the integer params of shape [1] (frameId,
+        timestampNs, frameOfReference, ...), the array itself for the others; ``default`` if absent.
+
+        The typed [1] arrays do not mix safely with other integer arrays in NumPy arithmetic (uint64 with int32
+        gives float64): add timestamps as ints, e.g. ``pc.value("timestampNs") + TimeOffsetNs.astype(np.int64)``.
+        """
+        if name not in self.params:
+            return default
+        v = self.params[name]
+        if isinstance(v, np.ndarray) and v.shape == (1,) and v.dtype.kind in "iu":
+            return int(v[0])
+        return v
 
     def __getitem__(self, name: str) -> wp.array:
         return self.channels[name]
@@ -95,7 +154,7 @@ class PointCloud:
     def xyz(self) -> np.ndarray:
         """(N, 3) Cartesian coordinates in the output frame [m] (converted if the frame is spherical)."""
         c = self.channels["Coordinates"].numpy()
-        if self.params.get("coordsType", 0) == 1:
+        if self.value("coordsType", 0) == 1:
             az, el, r = np.deg2rad(c[0]), np.deg2rad(c[1]), c[2]
             return np.stack([r * np.cos(el) * np.cos(az), r * np.cos(el) * np.sin(az), r * np.sin(el)], 1)
         return c.T.copy()
@@ -122,7 +181,8 @@ class PointCloud:
                 "EmitterId", np.zeros(n)).astype(np.int64)
             _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
             out["number_of_returns"] = cnt[inv]
-        out["gps_time"] = (self.params.get("timestampNs", 0) + ch.get("TimeOffsetNs", np.zeros(n))) * 1e-9
+        off = ch.get("TimeOffsetNs", np.zeros(n, np.int64)).astype(np.int64)
+        out["gps_time"] = (self.value("timestampNs", 0) + off) * 1e-9
         out["scan_angle"] = np.degrees(np.arctan2(xyz[:, 1], xyz[:, 0]))
         out["user_data"] = ch.get("ChannelId", np.zeros(n)).astype(np.uint8)
         out["point_source_id"] = ch.get("EmitterId", np.zeros(n)).astype(np.uint16)
