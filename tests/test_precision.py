@@ -6,7 +6,10 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
+import warp as wp
 
+from wsim.kernels.pose import quat_slerp_shortest
+from wsim.scene.transforms import quat_slerp
 from wsim.sensors.camera import Camera
 from wsim.sensors.lens import OpenCVFisheyeLens, OpenCVPinholeLens
 
@@ -125,3 +128,85 @@ def test_fisheye_round_trip_every_pixel(device, name):
     assert valid.all()
     err = np.linalg.norm(uv - px[ok], axis=1)
     assert err.max() < 2e-3, f"round trip max {err.max():.3g} px, {(err > 1).sum()} pixels > 1 px"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# slerp at every angle
+
+
+@wp.kernel
+def _slerp_kernel(q0: wp.array[wp.quat], q1: wp.array[wp.quat], s: wp.array[float], out: wp.array[wp.quat]):
+    i = wp.tid()
+    out[i] = quat_slerp_shortest(q0[i], q1[i], s[i])
+
+
+def _qmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ax, ay, az, aw = np.moveaxis(a, -1, 0)
+    bx, by, bz, bw = np.moveaxis(b, -1, 0)
+    return np.stack([aw * bx + ax * bw + ay * bz - az * by, aw * by - ax * bz + ay * bw + az * bx,
+                     aw * bz + ax * by - ay * bx + az * bw, aw * bw - ax * bx - ay * by - az * bz], -1)
+
+
+def _slerp_reference(q0: np.ndarray, q1: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Float64 shortest-arc slerp through the relative rotation's axis and angle: q0 ⊗ exp(s · log(q0⁻¹ ⊗ q1))."""
+    q0 = q0 / np.linalg.norm(q0, axis=-1, keepdims=True)
+    q1 = q1 / np.linalg.norm(q1, axis=-1, keepdims=True)
+    rel = _qmul(q0 * [-1, -1, -1, 1], q1)
+    rel = np.where(rel[:, 3:] < 0, -rel, rel)
+    n = np.linalg.norm(rel[:, :3], axis=1, keepdims=True)
+    half = np.arctan2(n, rel[:, 3:])
+    axis = np.divide(rel[:, :3], n, out=np.zeros_like(rel[:, :3]), where=n > 0)
+    step = np.concatenate([axis * np.sin(s[:, None] * half), np.cos(s[:, None] * half)], 1)
+    return _qmul(q0, step)
+
+
+def _rotation_angle_between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Angle [rad] of the rotation taking unit quaternion b to a (either sign)."""
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    b = np.where(np.sum(a * b, -1, keepdims=True) < 0, -b, b)
+    return 2 * np.arctan2(np.linalg.norm(a - b, axis=-1), np.linalg.norm(a + b, axis=-1))
+
+
+def _slerp_cases(seed: int = 5):
+    """Key pairs (float32-representable) turning by 0.001° to 179° (and 0) about random axes, at several fractions."""
+    rng = np.random.default_rng(seed)
+    angles = np.radians(np.concatenate([[0.0], np.geomspace(1e-3, 179.0, 400)]))
+    reps, fracs = 8, np.array([0.0, 1e-3, 0.1, 0.25, 0.37, 0.5, 0.77, 0.999, 1.0])
+    ang = np.repeat(angles, reps * len(fracs))
+    s = np.tile(fracs, len(angles) * reps)
+    q0 = rng.normal(size=(len(ang), 4))
+    q0 /= np.linalg.norm(q0, axis=1, keepdims=True)
+    axis = rng.normal(size=(len(ang), 3))
+    axis /= np.linalg.norm(axis, axis=1, keepdims=True)
+    q1 = _qmul(q0, np.concatenate([axis * np.sin(ang / 2)[:, None], np.cos(ang / 2)[:, None]], 1))
+    q1 *= np.where(rng.uniform(size=(len(ang), 1)) < 0.5, -1.0, 1.0)  # either sign: the shortest arc is taken
+    return q0.astype(np.float32), q1.astype(np.float32), s.astype(np.float32), ang
+
+
+def test_slerp_device_matches_float64_at_every_angle(device):
+    q0, q1, s, ang = _slerp_cases()
+    out = wp.empty(len(s), dtype=wp.quat, device=device)
+    wp.launch(_slerp_kernel, len(s), [wp.array(q0, dtype=wp.quat, device=device),
+                                      wp.array(q1, dtype=wp.quat, device=device),
+                                      wp.array(s, dtype=float, device=device)], [out], device=device)
+    got = out.numpy().astype(np.float64)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=3e-7)
+    ref = _slerp_reference(q0.astype(np.float64), q1.astype(np.float64), s.astype(np.float64))
+    err = _rotation_angle_between(got, ref)
+    worst = np.argmax(err)
+    assert err.max() < 2e-7, f"{err.max():.3g} rad at {np.degrees(ang[worst]):.4g} deg, s = {s[worst]}"
+
+
+def test_slerp_host_mirror_matches_float64_and_device(device):
+    q0, q1, s, _ = _slerp_cases(seed=6)
+    q0, q1, s64 = q0.astype(np.float64), q1.astype(np.float64), s.astype(np.float64)
+    host = np.array([quat_slerp(a, b, t) for a, b, t in zip(q0, q1, s64)])
+    ref = _slerp_reference(q0, q1, s64)
+    assert _rotation_angle_between(host, ref).max() < 1e-12
+    out = wp.empty(len(s), dtype=wp.quat, device=device)
+    wp.launch(_slerp_kernel, len(s), [wp.array(q0, dtype=wp.quat, device=device),
+                                      wp.array(q1, dtype=wp.quat, device=device),
+                                      wp.array(s, dtype=float, device=device)], [out], device=device)
+    assert _rotation_angle_between(out.numpy().astype(np.float64), host).max() < 2e-7

@@ -8,18 +8,31 @@ import warp as wp
 
 
 @wp.func
+def sinc(x: float) -> float:
+    """sin(x)/x, 1 at 0 (Taylor below 1e-4, where the ratio would be rounding-limited)."""
+    if wp.abs(x) < 1.0e-4:
+        return 1.0 - x * x / 6.0
+    return wp.sin(x) / x
+
+
+@wp.func
 def quat_slerp_shortest(q0: wp.quat, q1: wp.quat, s: float) -> wp.quat:
-    """Shortest-arc slerp between unit quaternions; falls back to normalised lerp for nearly equal rotations."""
-    d = wp.dot(q0, q1)
-    q1s = q1
-    if d < 0.0:
-        q1s = -q1
-        d = -d
-    if d > 0.9995:
-        return wp.normalize(q0 + s * (q1s - q0))
-    th = wp.acos(wp.min(d, 1.0))
-    sth = wp.sin(th)
-    return (wp.sin((1.0 - s) * th) / sth) * q0 + (wp.sin(s * th) / sth) * q1s
+    """Shortest-arc slerp between unit quaternions, accurate to float32 rounding at every angle.
+
+    The angle Ω between the quaternions is 2·atan2(|q1 − q0|, |q1 + q0|) (after flipping q1 onto q0's hemisphere),
+    which keeps full relative precision for small rotations where acos(q0·q1) loses it; the weights
+    sin((1 − s)Ω)/sin Ω and sin(sΩ)/sin Ω are written with sinc so they tend to 1 − s and s without a cut-off. The
+    inputs (keys rounded to float32 are unit only to rounding) and the result are normalised.
+    """
+    p0 = wp.normalize(q0)
+    p1 = wp.normalize(q1)
+    if wp.dot(p0, p1) < 0.0:
+        p1 = -p1
+    om = 2.0 * wp.atan2(wp.length(p1 - p0), wp.length(p1 + p0))
+    inv = 1.0 / sinc(om)
+    a = (1.0 - s) * sinc((1.0 - s) * om) * inv
+    b = s * sinc(s * om) * inv
+    return wp.normalize(a * p0 + b * p1)
 
 
 @wp.func

@@ -70,18 +70,30 @@ def compose_matrix(t: np.ndarray, q: np.ndarray, s: np.ndarray | None = None) ->
     return m
 
 
-def quat_slerp(q0: np.ndarray, q1: np.ndarray, s: float) -> np.ndarray:
-    """Shortest-arc spherical interpolation between unit quaternions (x, y, z, w)."""
+def _sinc(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    small = np.abs(x) < 1e-4
+    return np.where(small, 1.0 - x * x / 6.0, np.sin(np.where(small, 1.0, x)) / np.where(small, 1.0, x))
+
+
+def quat_slerp(q0: np.ndarray, q1: np.ndarray, s: float | np.ndarray) -> np.ndarray:
+    """Shortest-arc spherical interpolation between unit quaternions (x, y, z, w) (..., 4) at fraction(s) ``s``.
+
+    The host mirror of :func:`wsim.kernels.pose.quat_slerp_shortest` (same formula, float64): the angle between the
+    quaternions is Ω = 2·atan2(|q1 − q0|, |q1 + q0|), the weights (1 − s)·sinc((1 − s)Ω)/sinc(Ω) and
+    s·sinc(sΩ)/sinc(Ω); the inputs and the result are normalised.
+    """
     q0 = np.asarray(q0, dtype=np.float64)
     q1 = np.asarray(q1, dtype=np.float64)
-    d = float(np.dot(q0, q1))
-    if d < 0:
-        q1, d = -q1, -d
-    if d > 0.9995:
-        q = q0 + s * (q1 - q0)
-        return q / np.linalg.norm(q)
-    th = np.arccos(min(d, 1.0))
-    return (np.sin((1 - s) * th) * q0 + np.sin(s * th) * q1) / np.sin(th)
+    q0 = q0 / np.linalg.norm(q0, axis=-1, keepdims=True)
+    q1 = q1 / np.linalg.norm(q1, axis=-1, keepdims=True)
+    s = np.asarray(s, dtype=np.float64)[..., None]
+    q1 = np.where(np.sum(q0 * q1, axis=-1, keepdims=True) < 0, -q1, q1)
+    om = 2.0 * np.arctan2(np.linalg.norm(q1 - q0, axis=-1, keepdims=True),
+                          np.linalg.norm(q1 + q0, axis=-1, keepdims=True))
+    inv = 1.0 / _sinc(om)
+    q = (1.0 - s) * _sinc((1.0 - s) * om) * inv * q0 + s * _sinc(s * om) * inv * q1
+    return q / np.linalg.norm(q, axis=-1, keepdims=True)
 
 
 def interpolate_pose(
