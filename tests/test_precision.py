@@ -210,3 +210,40 @@ def test_slerp_host_mirror_matches_float64_and_device(device):
                                       wp.array(q1, dtype=wp.quat, device=device),
                                       wp.array(s, dtype=float, device=device)], [out], device=device)
     assert _rotation_angle_between(out.numpy().astype(np.float64), host).max() < 2e-7
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# independence of the world origin
+
+FAR = np.array([8000.0, -6000.0, 37.0])  # 10 km from the origin (exact in float32)
+Q_FWD = np.array([-0.5, 0.5, -0.5, 0.5])  # OpenCV camera looking along world +x (x → -y, y → -z)
+
+
+def _moving_poses(offset: np.ndarray):
+    """Start/end camera-to-world poses of a camera moving 0.9 m and turning 2° within a frame, offset in the world."""
+    turn = np.array([0.0, 0.0, np.sin(np.radians(1.0)), np.cos(np.radians(1.0))])
+    x, y, z, w = turn
+    a, b, c, d = Q_FWD
+    q1 = np.array([w * a + x * d + y * c - z * b, w * b - x * c + y * d + z * a, w * c + x * b - y * a + z * d,
+                   w * d - x * a - y * b - z * c])
+    return (offset + [0.0, 0.3, 1.5], Q_FWD), (offset + [0.9, 0.25, 1.52], q1)
+
+
+@pytest.mark.parametrize("shutter", ["GLOBAL", "ROLLING_TOP_TO_BOTTOM"])
+def test_project_far_from_origin_matches_origin(device, shutter):
+    lens = OpenCVPinholeLens(1920, 1080, 961.3, 540.2, 1800.0, 1801.0, (-0.1, 0.02, 0.0, 0.0, 0.0, 0.0),
+                             (2e-4, -1e-4))
+    cam = Camera(lens, shutter=shutter, device=device)
+    rng = np.random.default_rng(7)
+    n = 4000
+    local = np.column_stack([rng.uniform(3.0, 80.0, n), rng.uniform(-20.0, 20.0, n), rng.uniform(-5.0, 8.0, n)])
+    local = local + [0.123456789, 0.987654321, 0.5] + rng.uniform(-1e-3, 1e-3, (n, 3))  # not float32-representable
+    ref = cam.project(local, 0.0, 0.033, *_moving_poses(np.zeros(3))).numpy()
+    far = cam.project(local + FAR, 0.0, 0.033, *_moving_poses(FAR)).numpy()
+    assert ref[3].mean() > 0.3
+    np.testing.assert_array_equal(far[3], ref[3])
+    ok = ref[3]
+    err = np.abs(far[0] - ref[0])[ok].max()
+    assert err < 1e-3, f"{err:.3g} px"
+    np.testing.assert_allclose(far[1][ok], ref[1][ok], rtol=1e-6)
+    np.testing.assert_allclose(far[2][ok], ref[2][ok], atol=1e-9)

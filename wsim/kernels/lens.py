@@ -513,8 +513,11 @@ def relative_time(shutter: int, width: int, height: int, uv: wp.vec2) -> float:
 
 @wp.func
 def project_world(lens: LensParams, cam_to_world: wp.transform, p_world: wp.vec3) -> wp.vec4:
-    """(u, v, valid, depth z [m]) of a world point seen from a camera-to-world pose."""
-    pc = wp.transform_point(wp.transform_inverse(cam_to_world), p_world)
+    """(u, v, valid, depth z [m]) of a world point seen from a camera-to-world pose.
+
+    The camera-frame point is R⁻¹·(p − t): the camera translation is subtracted before rotating, so the result keeps
+    the precision of the (small) camera-relative offset wherever the world origin is."""
+    pc = wp.quat_rotate_inv(wp.transform_get_rotation(cam_to_world), p_world - wp.transform_get_translation(cam_to_world))
     r = project(lens, pc)
     return wp.vec4(r[0], r[1], r[2], pc[2])
 
@@ -555,6 +558,12 @@ def solve_rolling_tau(
     return wp.vec2(tau, any_valid)
 
 
+@wp.func
+def shift_pose(pose: wp.transform, origin: wp.vec3) -> wp.transform:
+    """The pose with ``origin`` subtracted from its translation (into a frame whose origin is at ``origin``)."""
+    return wp.transform(wp.transform_get_translation(pose) - origin, wp.transform_get_rotation(pose))
+
+
 @wp.kernel
 def project_points_kernel(
     lens: LensParams,
@@ -563,8 +572,10 @@ def project_points_kernel(
     t0: float,
     t1: float,
     points: wp.array[wp.vec3],
+    points_origin: wp.vec3,
     point_object: wp.array[wp.int32],
     object_poses: wp.array2d[wp.transform],
+    objects_origin: wp.vec3,
     offset: int,
     pixels: wp.array[wp.vec2],
     depths: wp.array[float],
@@ -575,17 +586,22 @@ def project_points_kernel(
     the frame of object k = ``point_object[i]`` whose pose at the frame start/end is ``object_poses[k, 0/1]``.
     Outputs: pixel (u, v) [px], camera-frame depth z [m], time [s], validity.
 
+    Frames: ``cam_poses`` are given in a working frame near the camera (its origin at world position o, chosen by the
+    host so that the numbers stay small); world points are ``points[i] − points_origin`` and object translations
+    ``object_poses[k, j].t − objects_origin`` in that frame (the host passes 0 for inputs it already shifted in float64,
+    o for Warp arrays in world coordinates).
+
     The solve for τ is not differentiated (τ is piecewise constant); the outputs are one projection at τ, so gradients
     reach the camera and object poses and the points."""
     i = wp.tid() + offset
     cam0 = cam_poses[0]
     cam1 = cam_poses[1]
-    obj0 = wp.transform_identity()
-    obj1 = wp.transform_identity()
+    obj0 = wp.transform(-points_origin, wp.quat_identity())
+    obj1 = obj0
     k = point_object[i]
     if k >= 0:
-        obj0 = object_poses[k, 0]
-        obj1 = object_poses[k, 1]
+        obj0 = shift_pose(object_poses[k, 0], objects_origin)
+        obj1 = shift_pose(object_poses[k, 1], objects_origin)
     sol = solve_rolling_tau(lens, shutter, cam0, cam1, points[i], obj0, obj1)
     tau = sol[0]
     r = project_world(lens, lerp_pose(cam0, cam1, tau), point_at(points[i], obj0, obj1, tau))

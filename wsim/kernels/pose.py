@@ -37,8 +37,10 @@ def quat_slerp_shortest(q0: wp.quat, q1: wp.quat, s: float) -> wp.quat:
 
 @wp.func
 def lerp_pose(p0: wp.transform, p1: wp.transform, s: float) -> wp.transform:
-    """Interpolate two rigid poses at fraction s in [0, 1]."""
-    t = wp.lerp(wp.transform_get_translation(p0), wp.transform_get_translation(p1), s)
+    """Interpolate two rigid poses at fraction s in [0, 1] (translation t0 + s·(t1 − t0): exact at s = 0 and for a
+    pose that does not move, wherever it is)."""
+    t0 = wp.transform_get_translation(p0)
+    t = t0 + s * (wp.transform_get_translation(p1) - t0)
     q = quat_slerp_shortest(wp.transform_get_rotation(p0), wp.transform_get_rotation(p1), s)
     return wp.transform(t, q)
 
@@ -91,7 +93,7 @@ def sample_keys(
         out.scale = scale[i]
         return out
     s = (t - times[i]) / (times[i + 1] - times[i])
-    out.pos = wp.lerp(pos[i], pos[i + 1], s)
+    out.pos = pos[i] + s * (pos[i + 1] - pos[i])
     out.rot = quat_slerp_shortest(rot[i], rot[i + 1], s)
     out.scale = wp.lerp(scale[i], scale[i + 1], s)
     return out

@@ -554,14 +554,19 @@ class Camera:
         p1 = p0 if end_pose is None else as_pose(end_pose, "end_pose")
         return p0, p1
 
-    def _pose_array(self, t0: float, t1: float, start_pose: Any, end_pose: Any) -> tuple[wp.array, Pose, Pose]:
+    def _pose_array(self, t0: float, t1: float, start_pose: Any, end_pose: Any,
+                    origin: np.ndarray | None = None) -> tuple[wp.array, Pose, Pose]:
+        """The (2,) wp.transform start/end poses for the kernels, and the float64 poses. With ``origin`` (world
+        position [m]) the device poses are in a frame with its origin there (translations shifted in float64); a
+        Warp array passed as ``start_pose`` is used as it is."""
         if isinstance(start_pose, wp.array):  # (2,) wp.transform, e.g. with requires_grad for a Tape
             if start_pose.shape != (2,) or start_pose.dtype != wp.transform:
                 raise ValueError("start_pose: a Warp array of poses must be (2,) wp.transform (start, end)")
             a = start_pose.numpy().astype(np.float64)
             return start_pose, (a[0, :3], a[0, 3:]), (a[1, :3], a[1, 3:])
         p0, p1 = self.frame_poses(t0, t1, start_pose, end_pose)
-        arr = np.array([np.concatenate(p0), np.concatenate(p1)], np.float32)
+        o = np.zeros(3) if origin is None else np.asarray(origin, np.float64)
+        arr = np.array([np.concatenate([p0[0] - o, p0[1]]), np.concatenate([p1[0] - o, p1[1]])], np.float32)
         return wp.array(arr, dtype=wp.transform, device=self.device), p0, p1
 
     @staticmethod
@@ -620,34 +625,50 @@ class Camera:
 
         Returns:
             :class:`Projection` (pixels [px], camera-frame depth z [m], times [s], valid).
+
+        The result does not depend on where the world origin is: NumPy points and object poses are taken in float64
+        and moved, in float64, into a frame at the camera's start position before they are rounded to float32 (Warp
+        arrays of points or object poses are moved there on the device; poses given as a Warp array are used as
+        they are), and the kernel subtracts the camera translation before rotating.
         """
         t0, t1 = self._check_times(t0, t1)
-        poses, _, _ = self._pose_array(t0, t1, start_pose, end_pose)
         d = self.device
+        # Camera-relative arithmetic: with host poses the kernel works in a frame whose origin is the camera's start
+        # position (rounded to float32), and float64 host points / object poses are shifted into it in float64 before
+        # they become float32; Warp arrays (world coordinates, float32) are shifted on the device.
+        origin = np.zeros(3)
+        if not isinstance(start_pose, wp.array):
+            origin = self.frame_poses(t0, t1, start_pose, end_pose)[0][0].astype(np.float32).astype(np.float64)
+        poses, _, _ = self._pose_array(t0, t1, start_pose, end_pose, origin)
+        o32 = wp.vec3(*origin)
+        zero = wp.vec3(0.0, 0.0, 0.0)
         if isinstance(points_world, wp.array):
-            pts = points_world
+            pts, pts_origin = points_world, o32
         else:
             a = np.asarray(points_world, np.float64).reshape(-1, 3)
             if not np.all(np.isfinite(a)):
                 raise ValueError("points_world: non-finite point")
-            pts = wp.array(a.astype(np.float32), dtype=wp.vec3, device=d)
+            pts, pts_origin = wp.array((a - origin).astype(np.float32), dtype=wp.vec3, device=d), zero
         n = pts.shape[0]
         if point_object is None:
             obj = wp.full(max(n, 1), -1, dtype=wp.int32, device=d)
         else:
             obj = point_object if isinstance(point_object, wp.array) else wp.array(
                 np.asarray(point_object, np.int32).reshape(-1), dtype=wp.int32, device=d)
+        obj_origin = zero
         if object_poses is None:
             op = wp.empty((1, 2), dtype=wp.transform, device=d)
         elif isinstance(object_poses, wp.array):
-            op = object_poses
+            op, obj_origin = object_poses, o32
         else:
-            op = wp.array(np.asarray(object_poses, np.float32).reshape(-1, 2, 7), dtype=wp.transform, device=d)
+            a = np.array(object_poses, np.float64).reshape(-1, 2, 7)
+            a[..., :3] -= origin
+            op = wp.array(a.astype(np.float32), dtype=wp.transform, device=d)
         pixels = wp.empty(n, dtype=wp.vec2, device=d, requires_grad=poses.requires_grad or pts.requires_grad)
         depths = wp.empty(n, dtype=float, device=d, requires_grad=pixels.requires_grad)
         times = wp.empty(n, dtype=float, device=d)
         valid = wp.empty(n, dtype=wp.int32, device=d)
-        args = [self._params, self.shutter.device_code, poses, t0, t1, pts, obj, op]
+        args = [self._params, self.shutter.device_code, poses, t0, t1, pts, pts_origin, obj, op, obj_origin]
         if poses.requires_grad or pts.requires_grad:  # one launch, so a wp.Tape can record it
             wp.launch(_klens.project_points_kernel, n, [*args, 0], [pixels, depths, times, valid], device=d)
         else:
