@@ -31,6 +31,17 @@ def set_device_geometry_builder(builder: Callable[[Scene, str | None], Any]) -> 
     _device_geometry_builder = builder
 
 
+#: Adds a mesh file to a scene as an instanced prototype: ``wsim.scene.mesh_files.add_asset``, installed by
+#: :mod:`wsim.scene.mesh_files` when it is imported (:mod:`wsim.scene.loader` imports it). Same pattern as above.
+_asset_adder: Callable[..., Any] | None = None
+
+
+def set_asset_adder(adder: Callable[..., Any]) -> None:
+    """Install the function :meth:`Scene.add_asset` calls (done by :mod:`wsim.scene.mesh_files`)."""
+    global _asset_adder
+    _asset_adder = adder
+
+
 class SceneError(ValueError):
     """A scene file or prim is malformed. The message names the file and/or prim."""
 
@@ -372,6 +383,17 @@ class Scene:
             _check_trajectory(self.ego_trajectory, f"{src}: ego trajectory")
         for lid, cal in self.cameras.items():
             _check_calibration(cal, f"{src}: camera {lid}")
+
+    def add_asset(self, path: Any, poses: Any, **options: Any) -> list[Instance]:
+        """Add a glTF/GLB, OBJ or PLY file as one instanced prototype placed at ``poses``.
+
+        Returns :func:`wsim.scene.mesh_files.add_asset` ``(self, path, poses, **options)``: the new instances.
+        ``poses`` is a list of (translation (3,) [m], quaternion xyzw (4,)) or a :class:`Trajectory` for a moving one;
+        options ``semantic_class``, ``object_id``, ``mapping``, ``up_axis``, ``meters_per_unit``, ``name``.
+        """
+        if _asset_adder is None:
+            raise RuntimeError("Scene.add_asset: wsim.scene.mesh_files is not imported")
+        return _asset_adder(self, path, poses, **options)
 
     def device_geometry(self, device: str | None = None):
         """The device-side geometry (static wp.Mesh, prototype BLASes, instance table, TLAS), built once per device.
