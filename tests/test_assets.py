@@ -1,6 +1,6 @@
 """Mesh files as scenes and assets: glTF 2.0 / GLB, OBJ + MTL and PLY written by trimesh and read back by
 ``wsim.load_scene`` (geometry, hierarchy, instancing, materials, textures, the mapping file, units and axes), bad files,
-a lidar sweep of a glTF scene against the same scene authored in USD and ``Scene.add_asset``."""
+a lidar sweep of a glTF scene against the same scene authored in USD, ``Scene.add_asset`` and the city tiler."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from PIL import Image
 
 import wsim
 from wsim.scene import Instance, Material, MeshData, Part, Scene, SceneError, Trajectory
+from wsim.scene.builtin import CITY_OBJECT_ID_STRIDE, CITY_TILE, build_city, build_street_scene
+from wsim.scene.builtin import main as builtin_main
 from wsim.scene.loader import SCENE_SUFFIXES
 from wsim.scene.nurec_format import linear_to_srgb, srgb_to_linear
 from wsim.scene.transforms import compose_matrix, quat_from_axis_angle, quat_to_matrix
@@ -494,3 +496,26 @@ def test_add_asset_instances_and_trajectory(tmp_path, street_files):
         scene.add_asset(path, [((0, 0), (0, 0, 0, 1))])
     with pytest.raises(SceneError, match="no such mesh file"):
         scene.add_asset(tmp_path / "nope.glb", [((0, 0, 0), (0, 0, 0, 1))])
+
+
+# --------------------------------------------------------------------------------------------------- city
+def test_city_tiler_counts(tmp_path):
+    block = build_street_scene()
+    city = build_city(3, 2, block=block)
+    assert city.num_triangles == 6 * block.num_triangles
+    assert city.static.num_triangles == 6 * block.static.num_triangles
+    assert len(city.instances) == 6 * len(block.instances) and len(city.prototypes) == len(block.prototypes)
+    ids = [i.object_id for i in city.instances]
+    assert len(set(ids)) == len(ids)
+    static_ids = {city.parts[p].object_id for p in np.unique(city.static.tri_part)}
+    assert len(static_ids) == 6 * len({block.parts[p].object_id for p in np.unique(block.static.tri_part)})
+    assert max(ids) < 6 * CITY_OBJECT_ID_STRIDE and not static_ids & set(ids)
+    lo, hi = city.static.points.min(0), city.static.points.max(0)
+    blo, bhi = block.static.points.min(0), block.static.points.max(0)
+    np.testing.assert_allclose(hi - lo, bhi - blo + [2 * CITY_TILE[0], CITY_TILE[1], 0], atol=1e-3)
+    assert city.scene_id == "wsim-city-3x2" and city.ego_trajectory is block.ego_trajectory
+    with pytest.raises(ValueError):
+        build_city(0, 3)
+    assert builtin_main(["--city", "2", "1", "--out", str(tmp_path)]) == 0
+    back = wsim.load_scene(tmp_path / "city_2x1.usdc")
+    assert back.num_triangles == 2 * block.num_triangles and len(back.instances) == 2 * len(block.instances)

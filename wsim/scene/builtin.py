@@ -3,7 +3,8 @@
 :func:`build_street_scene` makes it in memory (deterministic: every random choice comes from one seeded NumPy RNG).
 ``python -m wsim.scene.builtin [--out DIR]`` writes the shipped files ``wsim/data/street_block.usdc`` (USD stage, via
 :func:`wsim.scene.usd.save_usd`) and ``wsim/data/street_block.usdz`` (NuRec-style artifact, via
-:func:`wsim.scene.nurec.write_nurec`); :func:`load_builtin_scene` loads them.
+:func:`wsim.scene.nurec.write_nurec`); :func:`load_builtin_scene` loads them. :func:`build_city` tiles the block into
+an N × M city for scaling tests (``python -m wsim.scene.builtin --city N M [--out DIR]`` writes ``city_NxM.usdc``).
 
 Layout (Z up, metres, x along the street, right-hand traffic):
 
@@ -46,6 +47,9 @@ __all__ = [
     "NUREC_FILE",
     "SENSOR_RIG",
     "build_street_scene",
+    "build_city",
+    "write_city_file",
+    "CITY_TILE",
     "load_builtin_scene",
     "write_builtin_files",
     "geometry_checksum",
@@ -526,6 +530,97 @@ def geometry_checksum(scene: Scene) -> str:
     return hashlib.sha256(np.ascontiguousarray(allk).tobytes()).hexdigest()
 
 
+#: City tiles: blocks are repeated every CITY_TILE [m] in x (along the street) and y; the road, sidewalks and
+#: ground planes of neighbouring blocks meet edge to edge.
+CITY_TILE = (ROAD_X[1] - ROAD_X[0], 80.0)
+#: Object ids of tile k are the block's ids + k * CITY_OBJECT_ID_STRIDE (the block's ids stay below it).
+CITY_OBJECT_ID_STRIDE = 10_000
+#: Most tiles :func:`build_city` makes (20 M triangles are about 200).
+MAX_CITY_TILES = 1024
+
+
+def build_city(n: int, m: int, *, block: Scene | None = None) -> Scene:
+    """An ``n`` × ``m`` city: the street block (static geometry and its parked and moving cars) tiled ``n`` times
+    along x and ``m`` times along y, for scaling tests without downloads (98,836 triangles a tile: 10 × 10 ≈ 9.9 M).
+
+    The static meshes of all tiles form one static mesh; the cars stay instances of the one car prototype. Tile
+    (i, j) is shifted by (i·140, j·80) m; its parts and instances are named ``/World/Tiles/tile_<i>_<j>/...`` and its
+    object ids are the block's + k·:data:`CITY_OBJECT_ID_STRIDE` (k = j·n + i, so tile (0, 0) keeps the block's ids).
+    The ego trajectory, cameras, time range and sensor rig are the block's (in tile (0, 0)).
+
+    Args:
+        n, m: Tiles along x and y (n·m <= :data:`MAX_CITY_TILES`).
+        block: The block to tile (default :func:`build_street_scene`).
+    """
+    for v in (n, m):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"build_city: tile counts must be positive integers, got {n!r} x {m!r}")
+    n, m = int(n), int(m)
+    if n * m > MAX_CITY_TILES:
+        raise ValueError(f"build_city: {n} x {m} = {n * m} tiles; at most {MAX_CITY_TILES}")
+    block = block or build_street_scene()
+    st = block.static
+    tiles = [(i, j) for j in range(m) for i in range(n)]
+    offsets = np.array([[i * CITY_TILE[0], j * CITY_TILE[1], 0.0] for i, j in tiles])
+    scene = Scene(static=st, materials=list(block.materials), semantic_classes=list(block.semantic_classes))
+    scene.parts = list(block.parts)
+    static_parts = np.unique(st.tri_part)
+    own = {int(p) for p in static_parts}
+    # parts used only by instances (the car) are shared by every tile; static ones are copied per tile
+    part_maps = []
+    for k, (i, j) in enumerate(tiles):
+        remap = np.arange(len(block.parts), dtype=np.int32)
+        for p in sorted(own):
+            old = block.parts[p]
+            tail = old.name[len("/World"):] if old.name.startswith("/World") else "/" + old.name.lstrip("/")
+            part = Part(f"/World/Tiles/tile_{i}_{j}{tail}", old.material, old.semantic_class,
+                        old.object_id + k * CITY_OBJECT_ID_STRIDE if old.object_id else 0)
+            if k == 0:
+                scene.parts[p] = part
+            else:
+                remap[p] = scene.add_part(part)
+        part_maps.append(remap)
+    nv, T = len(st.points), len(tiles)
+    # float32/int32 from the start (MeshData's dtypes): the tile offsets are exact in float32, so adding them there
+    # rounds as adding in float64 and converting would, without the copies
+    points = (st.points[None] + offsets.astype(np.float32)[:, None, :]).reshape(-1, 3)
+    indices = (st.indices[None] + (np.arange(T, dtype=np.int32) * np.int32(nv))[:, None, None]).reshape(-1, 3)
+    tri_part = np.concatenate([pm[st.tri_part] for pm in part_maps])
+    colors = None if st.colors is None else np.tile(st.colors, (T, 1))
+    uvs = None if st.uvs is None else np.tile(st.uvs, (T, 1, 1))
+    scene.static = MeshData(points, indices, tri_part, colors, uvs, st.name or "/World/Static")
+    scene.prototypes = list(block.prototypes)
+    for k, (i, j) in enumerate(tiles):
+        for inst in block.instances:
+            scene.instances.append(Instance(
+                inst.prototype, inst.times.copy(), inst.translations + offsets[k], inst.rotations.copy(),
+                inst.scales.copy(), inst.object_id + k * CITY_OBJECT_ID_STRIDE if inst.object_id else 0,
+                f"/World/Tiles/tile_{i}_{j}/{inst.name.rsplit('/', 1)[-1]}", inst.semantic_class,
+                None if inst.cuboid is None else inst.cuboid.copy()))
+    scene.ego_trajectory = block.ego_trajectory
+    scene.cameras = dict(block.cameras)
+    scene.scene_id = f"wsim-city-{n}x{m}"
+    scene.time_range = block.time_range
+    scene.time_origin_us = block.time_origin_us
+    scene.metadata = _copy(block.metadata)
+    scene.metadata.update({"generator": "wsim.scene.builtin.build_city", "city_tiles": [n, m],
+                           "city_tile_size_m": list(CITY_TILE)})
+    scene.validate()
+    return scene
+
+
+def write_city_file(n: int, m: int, out_dir: str | Path = ".", *, scene: Scene | None = None) -> Path:
+    """Write :func:`build_city` ``(n, m)`` (or ``scene``, a city already built) as the USD stage
+    ``city_<n>x<m>.usdc`` in ``out_dir``; returns its path."""
+    from .usd import save_usd
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"city_{n}x{m}.usdc"
+    save_usd(scene if scene is not None else build_city(n, m), path)
+    return path
+
+
 def write_builtin_files(out_dir: str | Path = DATA_DIR, scene: Scene | None = None) -> tuple[Path, Path]:
     """Write ``street_block.usdc`` and ``street_block.usdz`` into ``out_dir``; returns their paths."""
     from .nurec import write_nurec
@@ -572,8 +667,22 @@ def load_builtin_scene(form: str = "usd") -> Scene:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m wsim.scene.builtin", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(DATA_DIR), help="output directory (default: the package's data folder)")
+    ap.add_argument("--out", default=None,
+                    help="output directory (default: the package's data folder; with --city the current folder)")
+    ap.add_argument("--city", nargs=2, type=int, metavar=("N", "M"),
+                    help=f"write an N x M tiling of the block as city_NxM.usdc instead (N*M <= {MAX_CITY_TILES})")
     args = ap.parse_args(argv)
+    if args.city:
+        n, m = args.city
+        if n < 1 or m < 1 or n * m > MAX_CITY_TILES:
+            ap.error(f"--city: N and M must be positive with N*M <= {MAX_CITY_TILES}")
+        city = build_city(n, m)
+        path = write_city_file(n, m, args.out or ".", scene=city)
+        print(f"{city.scene_id}: {city.num_triangles:,} triangles ({city.static.num_triangles:,} static, "
+              f"{len(city.instances)} instances)")
+        print(f"  wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+        return 0
+    args.out = args.out or str(DATA_DIR)
     scene = build_street_scene()
     paths = write_builtin_files(args.out, scene)
     print(f"{scene.scene_id}: {scene.static.num_triangles} static + "
