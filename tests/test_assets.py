@@ -411,6 +411,8 @@ def test_bad_files_name_the_file(tmp_path, street_files):
         ("draco", lambda d: d.update(extensionsRequired=["KHR_draco_mesh_compression"]), "KHR_draco_mesh_compression"),
         ("version", lambda d: d["asset"].update(version="1.0"), "glTF 2.0 only"),
         ("accessor", lambda d: d["accessors"][1].update(count=10**6), "do not fit"),
+        ("zeros", lambda d: d["accessors"][1].update(count=10**9) or d["accessors"][1].pop("bufferView"),
+         "without a bufferView"),
         ("index", lambda d: d["meshes"][0]["primitives"][0].update(indices=99), "accessors index 99 out of range"),
         ("cycle", lambda d: d["nodes"][-1].setdefault("children", []).append(0), "cycle"),
         ("buffer", lambda d: d["buffers"][0].update(uri="missing.bin"), "missing.bin"),

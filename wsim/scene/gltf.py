@@ -198,7 +198,12 @@ class _Reader:
         if "bufferView" in a:
             view, stride = self.view(a["bufferView"], where)
             arr = self._strided(view, int(a.get("byteOffset", 0)), stride, count, dtype, width, where)
-        else:
+        else:  # all zeros (then usually sparse): bounded by the file's size, so a count cannot allocate gigabytes
+            limit = 16 * sum(int(b.get("byteLength", 0)) for b in self.doc.get("buffers") or [] if
+                             isinstance(b, dict)) + 65536
+            if count * width > limit:
+                raise SceneError(f"{self.file}: {where}: {count} elements without a bufferView exceed what the "
+                                 f"file's buffers can describe")
             arr = np.zeros((count, width), dtype)
         sparse = a.get("sparse")
         if sparse:

@@ -189,7 +189,18 @@ def load_mapping(mapping: Any, mesh_path: Path) -> AssetMapping:
 
 
 def read_mesh_source(path: Path) -> MeshSource:
-    """Read a mesh file by its suffix."""
+    """Read a mesh file by its suffix; every failure is a SceneError naming the file."""
+    try:
+        return _read_mesh_source(path)
+    except SceneError:
+        raise
+    except MemoryError:
+        raise SceneError(f"{path}: too large to load (out of memory)") from None
+    except Exception as e:  # noqa: BLE001 - malformed files fail in many ways (struct, KeyError, ...)
+        raise SceneError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+
+
+def _read_mesh_source(path: Path) -> MeshSource:
     if not path.exists():
         raise SceneError(f"{path}: no such mesh file")
     if not path.is_file():
