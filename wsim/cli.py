@@ -417,8 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", required=True, help="output .ply (lidar) or .png (camera)")
     r.set_defaults(func=render)
     sv = sub.add_parser("serve", help="run the sensorsim gRPC server (a renderer for AlpaSim)")
-    sv.add_argument("--scenes", default=None, help="folder or glob of USD stages / NuRec USDZ artifacts (default: the "
-                    "built-in scene)")
+    sv.add_argument("--scenes", default=None, help="folder or glob of scene files: USD stages, NuRec USDZ artifacts, "
+                    "glTF/GLB, OBJ, PLY (default: the built-in scene)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     sv.add_argument("--port", default=6001, type=int, help="port (default 6001)")
     sv.add_argument("--device", default=None, help="Warp device, e.g. cpu or cuda:0 (default: Warp's default)")

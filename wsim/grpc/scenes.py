@@ -1,8 +1,8 @@
 """The scenes a server can serve: discovery from files, and an LRU cache of loaded scenes (one shared geometry each).
 
 NuRec USDZ artifacts report the ``scene_id`` of their ``metadata.yaml`` (read without loading the scene); USD stages
-are loaded once at start-up to learn theirs. When two files carry the same scene id the NuRec artifact wins (it is
-what AlpaSim is pointed at), then the first file in sorted order.
+and glTF/GLB, OBJ, PLY mesh files are loaded once at start-up to learn theirs. When two files carry the same scene id
+the NuRec artifact wins (it is what AlpaSim is pointed at), then the first file in sorted order.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..scene.loader import USD_SUFFIXES, load_scene
+from ..scene.loader import SCENE_SUFFIXES, load_scene
 from ..scene.scene import Scene, SceneError
 
 BUILTIN = "builtin:nurec"
@@ -61,14 +61,14 @@ def discover(spec: str | None) -> list[SceneEntry]:
         return [SceneEntry(scene.scene_id, src, src == BUILTIN)]
     p = Path(spec)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in USD_SUFFIXES)
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in SCENE_SUFFIXES)
     elif p.is_file():
         files = [p]
     else:
         files = sorted(Path(f) for f in glob.glob(spec, recursive=True)
-                       if Path(f).is_file() and Path(f).suffix.lower() in USD_SUFFIXES)
+                       if Path(f).is_file() and Path(f).suffix.lower() in SCENE_SUFFIXES)
     if not files:
-        raise SceneError(f"{spec}: no USD stages or NuRec USDZ artifacts found")
+        raise SceneError(f"{spec}: no scene files (USD stages, NuRec USDZ artifacts, glTF/GLB, OBJ, PLY) found")
     entries: dict[str, SceneEntry] = {}
     skipped = []
     for f in files:
