@@ -240,11 +240,11 @@ class Return:
     intensity: float
     normal: wp.vec3  # output frame
     velocity: wp.vec3  # output frame [m/s]
-    tau: float
-    rep_s: float
-    peak_r: float
-    peak_s: float
-    noise: wp.vec3
+    tau: float  # representative surface: sub-ray weight × transmittance before it
+    rep_s: float  # representative surface's signal
+    peak_r: float  # echo range before corrections [m]
+    peak_s: float  # echo signal
+    noise: wp.vec3  # range [m], azimuth [rad], elevation [rad] noise
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
