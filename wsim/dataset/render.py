@@ -163,8 +163,9 @@ def rig_document(task: ShardTask, lidars: list, cams: list, calibrations: dict[s
     (wsim's parameters at the rendered resolution), shutter, camera-to-rig, Foxglove calibration; the frame rate."""
     from ..sensors.lidar_config import FrameOfReference
 
-    doc: dict[str, Any] = {"scene": task.scene_name, "variant": task.variant, "scene_source": task.scene_source,
-                           "frame_span_s": task.frame_span_s, "lidars": {}, "cameras": {}}
+    # no file paths: the same scene bytes give the same rig.json wherever the scene file lies
+    doc: dict[str, Any] = {"scene": task.scene_name, "variant": task.variant, "frame_span_s": task.frame_span_s,
+                           "lidars": {}, "cameras": {}}
     for lt, lidar in lidars:
         c = lidar.config
         doc["lidars"][lt.id] = {
