@@ -408,8 +408,12 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         return convert.lidar_return(pc.xyz(), pc["Intensity"].numpy())
 
     # ------------------------------------------------------------------------------------------------ render RPCs
-    def _check_images(self, field: str, reqs: Any) -> None:
-        self.budget.images(field, [(r.resolution_w, r.resolution_h, camera_products(r)) for r in reqs])
+    def _check_images(self, field: str, reqs: Any, request: Callable[[Any], Any] = lambda r: r) -> None:
+        # each request is at least one image: millions of (empty) items are refused without walking them all
+        if len(reqs) > self.budget.max_images:
+            raise exhausted(f"{field}: {len(reqs)} images or more exceed the server's limit of "
+                            f"{self.budget.max_images} per request (--max-images)")
+        self.budget.images(field, [(r.resolution_w, r.resolution_h, camera_products(r)) for r in map(request, reqs)])
 
     @_rpc
     def render_rgb(self, request, context):
@@ -424,7 +428,7 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         return self._lidar(request)
 
     def _batch(self, items: Any, render: Callable, out: Any) -> Any:
-        self._check_images("items", [item.request for item in items])
+        self._check_images("items", items, lambda item: item.request)
         for item in items:
             check_cancelled()  # the client may have gone between items
             entry = out.items.add(camera_name=item.camera_name)
@@ -456,6 +460,9 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
     def render_aggregated(self, request, context):
         out = sensorsim_pb2.AggregatedRenderReturn()
         self._check_images("rgb_requests", request.rgb_requests)
+        if len(request.lidar_requests) > self.budget.max_lidar_sweeps:  # each request is at least one sweep
+            raise exhausted(f"lidar_requests: {len(request.lidar_requests)} lidar sweeps or more exceed the server's "
+                            f"limit of {self.budget.max_lidar_sweeps} per request (--max-lidar-sweeps)")
         rates = {k: self.lidar_config(name).scan_rate_base_hz for k, name in _LIDARS.items()}
         self.budget.lidar("lidar_requests: ", [(r.frame_start_us, r.frame_end_us, rates.get(r.lidar_config.lidar_type,
                                                                                               10.0))
