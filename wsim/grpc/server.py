@@ -39,6 +39,56 @@ def channel_options(max_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[st
             ("grpc.max_receive_message_length", max_message_bytes)]
 
 
+class _Recorder:
+    """Stands in for a grpc.Server to collect the generated code's handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: list = []
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self.handlers.extend(handlers)
+
+    def add_registered_method_handlers(self, service, handlers) -> None:  # newer generated code also calls this
+        pass
+
+
+class _ParseInHandler(grpc.GenericRpcHandler):
+    """The generated handlers with request parsing moved inside the handler: a request whose bytes do not parse is
+    answered INVALID_ARGUMENT (grpcio's own deserialisation would answer INTERNAL)."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self.inner = inner
+        self._cache: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def service(self, details):
+        with self._lock:
+            if details.method in self._cache:
+                return self._cache[details.method]
+        h = self.inner.service(details)
+        if h is not None and h.request_deserializer is not None and h.unary_unary is not None:
+            parse, fn = h.request_deserializer, h.unary_unary
+
+            def call(raw: bytes, context, parse=parse, fn=fn):
+                try:
+                    request = parse(raw)
+                except Exception as e:  # noqa: BLE001 - DecodeError, bad UTF-8 in a string field, ...
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"request: the bytes are not a valid request message ({type(e).__name__})")
+                return fn(request, context)
+
+            h = h._replace(request_deserializer=None, unary_unary=call)
+        with self._lock:
+            self._cache[details.method] = h
+        return h
+
+
+def _parsing_handlers(servicer) -> tuple:
+    rec = _Recorder()
+    sensorsim_pb2_grpc.add_SensorsimServiceServicer_to_server(servicer, rec)
+    return tuple(_ParseInHandler(h) for h in rec.handlers)
+
+
 class SensorsimServer:
     """A sensorsim server on ``host:port``.
 
@@ -84,7 +134,7 @@ class SensorsimServer:
         # no SO_REUSEPORT: a second server on a port in use fails instead of silently sharing it
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wsim-rpc"),
                                    options=channel_options(max_message_bytes) + [("grpc.so_reuseport", 0)])
-        sensorsim_pb2_grpc.add_SensorsimServiceServicer_to_server(self.servicer, self._server)
+        self._server.add_generic_rpc_handlers(_parsing_handlers(self.servicer))
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._stopping = False
