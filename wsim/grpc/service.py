@@ -625,9 +625,9 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
     def _assets(self) -> dict[str, Path]:
         if not self.assets_dir:
             return {}
-        from ..scene.loader import USD_SUFFIXES
+        from ..scene.loader import SCENE_SUFFIXES
 
-        return {f.stem: f for f in sorted(Path(self.assets_dir).rglob("*")) if f.suffix.lower() in USD_SUFFIXES}
+        return {f.stem: f for f in sorted(Path(self.assets_dir).rglob("*")) if f.suffix.lower() in SCENE_SUFFIXES}
 
     @_rpc
     def get_external_asset_objects(self, request, context):
