@@ -247,3 +247,36 @@ def test_project_far_from_origin_matches_origin(device, shutter):
     assert err < 1e-3, f"{err:.3g} px"
     np.testing.assert_allclose(far[1][ok], ref[1][ok], rtol=1e-6)
     np.testing.assert_allclose(far[2][ok], ref[2][ok], atol=1e-9)
+
+
+def _plane_scene(offset: np.ndarray):
+    from wsim.scene import Material, MeshData, Part, Scene
+
+    # a tilted wall 20-30 m ahead of the camera and a ground plane, subdivided into a grid of triangles
+    g = np.linspace(-1.0, 1.0, 9)
+    u, v = np.meshgrid(g, g)
+    wall = np.column_stack([25.0 + 5.0 * u.ravel(), 30.0 * u.ravel(), 12.0 * v.ravel() + 4.0])
+    ground = np.column_stack([40.0 * u.ravel() + 41.0, 40.0 * v.ravel(), np.zeros(u.size)])
+    quads = np.array([[i * 9 + j, i * 9 + j + 1, (i + 1) * 9 + j + 1, (i + 1) * 9 + j] for i in range(8)
+                      for j in range(8)])
+    tris = np.concatenate([quads[:, [0, 1, 2]], quads[:, [0, 2, 3]]])
+    pts = np.concatenate([wall, ground]) + offset
+    faces = np.concatenate([tris, tris + len(wall)])
+    s = Scene(MeshData(pts, faces, 1), source="plane")
+    s.materials.append(Material.from_labels("wall", "calibration_lambertian", "none", ()))
+    s.parts.append(Part("/World/Wall", material=1, semantic_class=s.semantic_class_index("wall"), object_id=1))
+    return s
+
+
+@pytest.mark.parametrize("shutter", ["GLOBAL", "ROLLING_TOP_TO_BOTTOM"])
+def test_render_distance_far_from_origin_matches_origin(device, shutter):
+    lens = OpenCVPinholeLens(320, 200, 160.3, 100.2, 300.0, 300.0)
+    cam = Camera(lens, shutter=shutter, device=device)
+    ref = cam.render(_plane_scene(np.zeros(3)), 0.0, 0.033, ("distance",), *_moving_poses(np.zeros(3))).distance
+    far = cam.render(_plane_scene(FAR), 0.0, 0.033, ("distance",), *_moving_poses(FAR)).distance
+    ref, far = ref.numpy(), far.numpy()
+    hit = ref > 0
+    assert hit.mean() > 0.8
+    np.testing.assert_array_equal(far > 0, hit)
+    err = np.abs(far - ref)[hit].max()
+    assert err < 1e-3, f"{err:.3g} m"

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import warp as wp
 from conftest import box_mesh, quad_mesh
 
+from wsim.kernels.trace import SceneGeo, closest_hit
+from wsim.launch import launch
 from wsim.scene import Instance, Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
 from wsim.scene.transforms import quat_from_axis_angle
@@ -223,3 +226,143 @@ def test_refit_static_updates_the_wide_bvh():
     geo.static_mesh.points.assign(pts)
     geo.refit_static()
     assert geo.trace([[0, 0, 0]], [[1, 0, 0]]).numpy()["t"][0] == pytest.approx(7.5, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# watertightness: rays aimed exactly at shared edges and vertices of closed meshes never pass through
+
+
+@wp.kernel
+def _edge_ray_kernel(geo: SceneGeo, ta: wp.array[wp.vec3], tb: wp.array[wp.vec3], olo: wp.array[wp.vec3],
+                     ohi: wp.array[wp.vec3], in_plane: wp.array[wp.vec3i], seed: int, offset: int,
+                     leak: wp.array[wp.uint8]):
+    """Ray i aims from a random point of its target's interior box at a random point of target edge (a, b) (a = b:
+    a vertex); one ray in four starts in an axis plane through the target (one direction component exactly 0) where
+    ``in_plane`` allows it. A leak: no hit, or a hit farther than the target."""
+    i = wp.tid() + offset
+    j = i % ta.shape[0]
+    st = wp.rand_init(seed, i)
+    a = ta[j]
+    p = a + wp.randf(st, 0.01, 0.99) * (tb[j] - a)
+    lo = olo[j]
+    hi = ohi[j]
+    o = wp.vec3(lo[0] + wp.randf(st) * (hi[0] - lo[0]), lo[1] + wp.randf(st) * (hi[1] - lo[1]),
+                lo[2] + wp.randf(st) * (hi[2] - lo[2]))
+    if i % 4 == 3:
+        k = int(wp.randi(st, 0, 3))
+        if in_plane[j][k] != 0 and p[k] > lo[k] and p[k] < hi[k]:
+            o[k] = p[k]
+    v = p - o
+    dist = wp.length(v)
+    h = closest_hit(geo, o, v / dist, 0.0, 1.0e5, 0.0)
+    bad = wp.uint8(0)
+    if h.face < 0 or h.t > dist * (1.0 + 1.0e-5) + 1.0e-4:
+        bad = wp.uint8(1)
+    leak[i] = bad
+
+
+def _crossing_targets(points: np.ndarray, faces: np.ndarray):
+    """Targets a ray from inside must cross: edges shared by exactly two triangles (same float32 coordinates) where
+    the surface is flat or convex, and vertices all of whose edges are such. Returns the edge ends (a, b; a = b for
+    vertices), a triangle of each, and per target the axes k for which a ray in the plane x_k = const may be used
+    (not when both triangles lie in that plane)."""
+    uniq, inv = np.unique(np.asarray(points, np.float32), axis=0, return_inverse=True)
+    f = inv.reshape(-1)[np.asarray(faces)]
+    pts = uniq.astype(np.float64)
+    nrm = np.cross(pts[f[:, 1]] - pts[f[:, 0]], pts[f[:, 2]] - pts[f[:, 0]])
+    nrm /= np.linalg.norm(nrm, axis=1, keepdims=True)
+    e = np.sort(np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]]), axis=1)
+    opp = np.concatenate([f[:, 2], f[:, 0], f[:, 1]])
+    tri = np.tile(np.arange(len(f)), 3)
+    order = np.lexsort((e[:, 1], e[:, 0]))
+    e, opp, tri = e[order], opp[order], tri[order]
+    key, first, count = np.unique(e, axis=0, return_index=True, return_counts=True)
+    two = count == 2
+    i1, i2 = first[two], first[two] + 1
+    ahead1 = np.einsum("ij,ij->i", nrm[tri[i1]], pts[opp[i2]] - pts[e[i1, 0]])
+    ahead2 = np.einsum("ij,ij->i", nrm[tri[i2]], pts[opp[i1]] - pts[e[i1, 0]])
+    ok = (ahead1 < 1e-6) & (ahead2 < 1e-6)  # neither triangle in front of the other's plane
+    edges = key[two][ok]
+    bad_vertex = np.zeros(len(uniq), bool)
+    bad_vertex[key[~two].ravel()] = True
+    bad_vertex[key[two][~ok].ravel()] = True
+    used = np.zeros(len(uniq), bool)
+    used[f.ravel()] = True
+    verts = np.nonzero(used & ~bad_vertex)[0]
+    vtri = np.zeros(len(uniq), int)
+    for k in range(3):
+        vtri[f[:, k]] = np.arange(len(f))
+    both_axis = (np.abs(nrm[tri[i1]][ok]) > 1 - 1e-9) & (np.abs(nrm[tri[i2]][ok]) > 1 - 1e-9)
+    in_plane = np.concatenate([~both_axis, np.zeros((len(verts), 3), bool)]).astype(np.int32)
+    a = np.concatenate([uniq[edges[:, 0]], uniq[verts]])
+    b = np.concatenate([uniq[edges[:, 1]], uniq[verts]])
+    return a, b, np.concatenate([tri[i1][ok], vtri[verts]]), in_plane
+
+
+def _count_leaks(scene: Scene, interior, n_rays: int, seed: int = 11) -> tuple[int, int]:
+    """Leaks of ``n_rays`` rays (one launch) aimed at the crossing targets of the static mesh; ``interior(tri)`` gives
+    the (lo, hi) box the ray of a target on triangle ``tri`` starts in."""
+    geo = SceneGeometry(scene, "cpu")
+    assert geo.geo.use_wide == 1
+    a, b, tri, in_plane = _crossing_targets(scene.static.points, scene.static.indices)
+    lo, hi = interior(tri)
+    vec = lambda x: wp.array(np.ascontiguousarray(x, np.float32), dtype=wp.vec3, device="cpu")  # noqa: E731
+    leak = wp.zeros(n_rays, dtype=wp.uint8, device="cpu")
+    launch(_edge_ray_kernel, n_rays, [geo.geo, vec(a), vec(b), vec(lo), vec(hi),
+                                      wp.array(in_plane, dtype=wp.vec3i, device="cpu"), seed], [leak], device="cpu")
+    return int(leak.numpy().astype(np.int64).sum()), len(a)
+
+
+def _subdivided_box(lo, hi, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Closed box from ``lo`` to ``hi``, each face an n × n grid of quads (two triangles), outward normals."""
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    g = np.linspace(0.0, 1.0, n + 1)
+    uu, vv = np.meshgrid(g, g, indexing="ij")
+    grid = np.arange((n + 1) ** 2).reshape(n + 1, n + 1)
+    quad = np.stack([grid[:-1, :-1], grid[1:, :-1], grid[1:, 1:], grid[:-1, 1:]], -1).reshape(-1, 4)
+    pts, faces = [], []
+    for ax in range(3):
+        u, v = (ax + 1) % 3, (ax + 2) % 3
+        for side in (lo, hi):
+            p = np.zeros((n + 1, n + 1, 3))
+            p[..., ax] = side[ax]
+            p[..., u] = lo[u] + uu * (hi[u] - lo[u])
+            p[..., v] = lo[v] + vv * (hi[v] - lo[v])
+            t = np.concatenate([quad[:, [0, 1, 2]], quad[:, [0, 2, 3]]]) + len(pts) * (n + 1) ** 2
+            faces.append(t[:, ::-1] if side is lo else t)
+            pts.append(p.reshape(-1, 3))
+    return np.concatenate(pts), np.concatenate(faces)
+
+
+@pytest.mark.parametrize("offset", [(0.0, 0.0, 0.0), (8000.0, -6000.0, 37.0)], ids=["origin", "10km"])
+def test_wide_bvh_is_watertight_on_a_subdivided_box(offset):
+    """CPU only: the 8-wide traversal (watertight triangle test, conservative box test); CUDA keeps Warp's
+    mesh_query_ray."""
+    lo, hi = np.array([-3.3, -2.1, -1.7]) + offset, np.array([4.1, 2.9, 2.3]) + offset
+    p, f = _subdivided_box(lo, hi, 12)
+    leaks, n_targets = _count_leaks(_static_scene(p, f), lambda tri: (np.tile(lo + 0.3, (len(tri), 1)),
+                                                                      np.tile(hi - 0.3, (len(tri), 1))), 3_000_000)
+    assert n_targets > 3000
+    assert leaks == 0, f"{leaks} of 3M rays passed through"
+
+
+def test_wide_bvh_is_watertight_on_the_builtin_buildings():
+    """Rays from inside each building of the built-in street block at its walls', windows' and roof's shared edges
+    and vertices (CPU, the 8-wide traversal)."""
+    from wsim.scene.builtin import load_builtin_scene
+
+    scene = load_builtin_scene()
+    st = scene.static
+    building = [p.object_id if scene.semantic_classes[p.semantic_class] == "building" else -1 for p in scene.parts]
+    tri_building = np.asarray(building)[st.tri_part]
+    sel = np.nonzero(tri_building >= 0)[0]
+    ids, tri_b = np.unique(tri_building[sel], return_inverse=True)
+    assert len(ids) >= 10
+    corners = st.points[st.indices[sel]]  # (T, 3, 3)
+    lo = np.array([corners[tri_b == k].reshape(-1, 3).min(0) for k in range(len(ids))]) + 0.5
+    hi = np.array([corners[tri_b == k].reshape(-1, 3).max(0) for k in range(len(ids))]) - 0.5
+    sub = Scene(MeshData(st.points, st.indices[sel], st.tri_part[sel]), source="buildings")
+    sub.materials, sub.parts, sub.semantic_classes = scene.materials, scene.parts, scene.semantic_classes
+    leaks, n_targets = _count_leaks(sub, lambda tri: (lo[tri_b[tri]], hi[tri_b[tri]]), 5_000_000)
+    assert n_targets > 20000
+    assert leaks == 0, f"{leaks} of 5M rays passed through"

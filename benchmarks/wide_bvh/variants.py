@@ -58,11 +58,12 @@ def trace_wsim_wide(boxes: wp.array(dtype=float), child: wp.array(dtype=wp.int32
 
 def b_native8(pts, fac):
     w, _ = bvhw.build(pts, fac, width=8, bin_leaf=2, max_leaf=4)
+    f = np.asarray(fac)[w["order"]]  # wsim's traversal takes the three vertices (watertight test), not edges
+    vert = lambda k: wp.array(np.ascontiguousarray(np.asarray(pts, np.float32)[f[:, k]]), dtype=wp.vec3,  # noqa: E731
+                              device="cpu")
     return dict(boxes=wp.array(w["boxes"].reshape(-1), dtype=float, device="cpu"),
                 child=wp.array(w["child"].reshape(-1), dtype=wp.int32, device="cpu"),
-                v0=wp.array(w["v0"], dtype=wp.vec3, device="cpu"),
-                e1=wp.array(w["e1"], dtype=wp.vec3, device="cpu"),
-                e2=wp.array(w["e2"], dtype=wp.vec3, device="cpu"),
+                v0=vert(0), e1=vert(1), e2=vert(2),
                 fid=wp.array(w["fid"], dtype=wp.int32, device="cpu"))
 
 

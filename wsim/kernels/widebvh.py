@@ -4,9 +4,16 @@ Warp's ``mesh_query_ray`` traverses a binary BVH with scalar box tests; on the C
 triangles collapsed into an 8-wide tree (built by :mod:`wsim.scene.widebvh`), traces about 3× faster. On CUDA the
 snippet compiles to a stub and the tracer keeps ``mesh_query_ray``.
 
+Watertight: a ray through an edge or vertex shared by triangles hits at least one of them. Triangles are tested with
+Woop, Benthin & Wald's algorithm (JCGT 2013: vertices taken relative to the ray origin and sheared so that the ray
+is +z, edge functions evaluated without FMA so that a shared edge gets exactly opposite values in its two triangles)
+on the mesh's exact vertices; the hit distance is then taken from the triangle's plane. Boxes are tested
+conservatively (bound − origin before scaling by 1/d, far distances widened by the rounding bound, rays lying in a
+box face kept), so no box a ray touches is culled; all of it is independent of where the world origin is.
+
 Node layout: ``boxes`` [n, 6, 8] flat = (lo x, y, z, hi x, y, z) per child lane (empty lanes hold an empty box);
 ``child`` [n, 8] = inner child index (>= 0) or a leaf ``~(start << 3 | (count − 1))`` into the reordered triangles
-(``v0``, ``e1``, ``e2``: first vertex and edges; ``fid``: original face index).
+(``v0``, ``v1``, ``v2``: their vertices; ``fid``: original face index).
 """
 
 import warp as wp
@@ -23,20 +30,36 @@ typedef int vi __attribute__((ext_vector_type(8)));
 const float* B = boxes.data;
 const int* C = child.data;
 const vec3* V0 = v0.data;
-const vec3* E1 = e1.data;
-const vec3* E2 = e2.data;
+const vec3* V1 = v1.data;
+const vec3* V2 = v2.data;
 const int* F = fid.data;
 vec3 o = org;
 vec3 d = dir;
-float rx = 1.0f / (d[0] == 0.0f ? 1.0e-20f : d[0]);
-float ry = 1.0f / (d[1] == 0.0f ? 1.0e-20f : d[1]);
-float rz = 1.0f / (d[2] == 0.0f ? 1.0e-20f : d[2]);
+// 1/d, +inf for a zero component: that slab is then (-inf, +inf) when the origin lies between its planes, empty when
+// outside, and 0·inf = NaN (ignored by the NaN-dropping max/min below) when the origin lies on one of them, so a ray
+// running inside a box's face is not culled
+const float rx = d[0] == 0.0f ? INFINITY : 1.0f / d[0];
+const float ry = d[1] == 0.0f ? INFINITY : 1.0f / d[1];
+const float rz = d[2] == 0.0f ? INFINITY : 1.0f / d[2];
 const int nx = rx >= 0.0f ? 0 : 3, ny = ry >= 0.0f ? 1 : 4, nz = rz >= 0.0f ? 2 : 5;
 const int fx = 3 - nx, fy = 5 - ny, fz = 7 - nz;
+// Robust slab test (Woop, Benthin & Wald 2013, section 5): t = (bound − origin)·(1/d), the origin subtracted first so
+// that the error is relative to t wherever the origin is. A near distance carries at most 3 roundings, a far one 4
+// (its reciprocal is pre-scaled by WIDEN = 1 + 2^-21 ≥ (1 + ε)³/(1 − ε)⁴): a box the ray touches is never culled.
+const float WIDEN = 1.0f + 4.76837158203125e-7f;
 const vf RX = rx, RY = ry, RZ = rz;
-const vf OX = o[0] * rx, OY = o[1] * ry, OZ = o[2] * rz;
+const vf FX = rx * WIDEN, FY = ry * WIDEN, FZ = rz * WIDEN;
+const vf OX = o[0], OY = o[1], OZ = o[2];
 const vf ZERO = 0.0f;
 float tmax = max_t;
+vf TFAR = tmax * WIDEN;
+// Watertight triangle test set-up: kz = the dominant axis of d, (kx, ky) the others in the order that keeps the
+// winding, and the shear (Sx, Sy) that maps the ray onto the kz axis through the origin.
+int kz = fabsf(d[0]) > fabsf(d[1]) ? (fabsf(d[0]) > fabsf(d[2]) ? 0 : 2) : (fabsf(d[1]) > fabsf(d[2]) ? 1 : 2);
+int kx = kz == 2 ? 0 : kz + 1;
+int ky = kx == 2 ? 0 : kx + 1;
+if (d[kz] < 0.0f) { int tmp = kx; kx = ky; ky = tmp; }
+const float Sx = d[kx] / d[kz], Sy = d[ky] / d[kz];
 int hitf = -1;
 float hu = 0.0f, hv = 0.0f;
 int st_n[128];
@@ -54,13 +77,20 @@ while (true) {
         __builtin_memcpy(&ux, nb + fx * 8, sizeof(vf));
         __builtin_memcpy(&uy, nb + fy * 8, sizeof(vf));
         __builtin_memcpy(&uz, nb + fz * 8, sizeof(vf));
-        vf tn = __builtin_elementwise_max(__builtin_elementwise_max(lx * RX - OX, ly * RY - OY),
-                                          __builtin_elementwise_max(lz * RZ - OZ, ZERO));
-        vf tf = __builtin_elementwise_min(__builtin_elementwise_min(ux * RX - OX, uy * RY - OY),
-                                          __builtin_elementwise_min(uz * RZ - OZ, (vf)tmax));
+        vf tn = __builtin_elementwise_max(__builtin_elementwise_max((lx - OX) * RX, (ly - OY) * RY),
+                                          __builtin_elementwise_max((lz - OZ) * RZ, ZERO));
+        vf tf = __builtin_elementwise_min(__builtin_elementwise_min((ux - OX) * FX, (uy - OY) * FY),
+                                          __builtin_elementwise_min((uz - OZ) * FZ, TFAR));
         vi m = tn <= tf;
+#if defined(__AVX__)
+        typedef float v8sf __attribute__((__vector_size__(32)));
+        v8sf mf;
+        __builtin_memcpy(&mf, &m, sizeof(mf));
+        unsigned mask = (unsigned)__builtin_ia32_movmskps256(mf);
+#else
         unsigned mask = 0;
         for (int l = 0; l < 8; ++l) mask |= (unsigned)(m[l] & 1) << l;
+#endif
         if (mask) {
             const int* cc = C + (size_t)ref * 8;
             float tl[8];
@@ -90,16 +120,36 @@ while (true) {
         int k0 = code >> 3;
         int k1 = k0 + (code & 7) + 1;
         for (int k = k0; k < k1; ++k) {
-            vec3 a = E1[k], b = E2[k];
-            vec3 p = cross(d, b);
-            float det = dot(a, p);
-            float inv = 1.0f / det;
-            vec3 s = o - V0[k];
-            float u = dot(s, p) * inv;
-            vec3 q = cross(s, a);
-            float v = dot(d, q) * inv;
-            float t = dot(b, q) * inv;
-            if (u >= 0.0f && v >= 0.0f && u + v <= 1.0f && t >= 0.0f && t < tmax) { tmax = t; hitf = F[k]; hu = u; hv = v; }
+            // Woop, Benthin & Wald 2013: the vertices relative to the ray origin, sheared so that the ray is +z, and
+            // the edge functions; no FMA contraction here, so a vertex gets the same coordinates in every triangle
+            // that has it and an edge shared by two triangles (traversed in opposite directions) gets exactly opposite
+            // values in both: a ray through it cannot miss both
+            const vec3 pa = V0[k], pb = V1[k], pc = V2[k];
+            float U, V, W;
+            {
+#pragma clang fp contract(off)
+                const float az = pa[kz] - o[kz], bz = pb[kz] - o[kz], cz = pc[kz] - o[kz];
+                const float Ax = (pa[kx] - o[kx]) - Sx * az, Ay = (pa[ky] - o[ky]) - Sy * az;
+                const float Bx = (pb[kx] - o[kx]) - Sx * bz, By = (pb[ky] - o[ky]) - Sy * bz;
+                const float Cx = (pc[kx] - o[kx]) - Sx * cz, Cy = (pc[ky] - o[ky]) - Sy * cz;
+                U = Cx * By - Cy * Bx;
+                V = Ax * Cy - Ay * Cx;
+                W = Bx * Ay - By * Ax;
+            }
+            if ((U < 0.0f || V < 0.0f || W < 0.0f) && (U > 0.0f || V > 0.0f || W > 0.0f)) continue;
+            const float det = U + V + W;
+            if (det == 0.0f) continue;
+            // the ray passes through the triangle: its distance from the plane through the exact vertices (Woop's
+            // T/det loses digits for large triangles seen at grazing angles)
+            const vec3 n = cross(pb - pa, pc - pa);
+            const float t = dot(n, pa - o) / dot(n, d);
+            if (!(t >= 0.0f && t < tmax)) continue;
+            const float inv = 1.0f / det;
+            tmax = t;
+            TFAR = tmax * WIDEN;
+            hitf = F[k];
+            hu = U * inv;
+            hv = V * inv;
         }
     }
     while (sp > 0) {
@@ -110,16 +160,17 @@ while (true) {
 }
 if (hitf < 0) return wp::vec4(-1.0f, -1.0f, 0.0f, 0.0f);
 // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
-return wp::vec4(tmax, float(hitf), 1.0f - hu - hv, hu);
+return wp::vec4(tmax, float(hitf), hu, hv);
 #endif
 """
 
 
 @wp.func_native(_TRACE)
-def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], e1: wp.array[wp.vec3],
-                 e2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3,
+def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
+                 v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3,
                  max_t: float) -> wp.vec4:
-    """Closest triangle along ``org + t·dir`` with 0 <= t < max_t: (t, face, u, v), face −1 for a miss."""
+    """Closest triangle along ``org + t·dir`` with 0 <= t < max_t: (t, face, u, v), face −1 for a miss; u, v are
+    the weights of the face's first and second vertices (Warp's convention: p = u·p0 + v·p1 + (1 − u − v)·p2)."""
     ...
 
 

@@ -1,6 +1,6 @@
 """Host-side build of the 8-wide BVH traced by :func:`wsim.kernels.widebvh.wide_closest` on the CPU: Warp's binary
 SAH BVH of a ``wp.Mesh`` is read back and collapsed (greedily expanding the largest child) into nodes of 8 children,
-stored structure-of-arrays; leaves hold up to 4 contiguous triangles as (first vertex, edge, edge)."""
+stored structure-of-arrays; leaves hold up to 4 contiguous triangles as their three vertices."""
 
 from __future__ import annotations
 
@@ -110,6 +110,9 @@ def build_wide_bvh(mesh: wp.Mesh, points: np.ndarray, indices: np.ndarray) -> di
     p = np.asarray(points, np.float32)
     v0 = p[f[:, 0]]
     arr = lambda a, dt: wp.array(np.ascontiguousarray(a), dtype=dt, device="cpu")  # noqa: E731
+    # the three vertices exactly as the mesh has them (edges rebuilt as v0 + (v1 − v0) are rounded, and two triangles
+    # sharing an edge would then disagree on it: the watertight test needs the very same coordinates); the keys
+    # e1/e2 name the SceneGeo fields they fill
     return dict(boxes=arr(w["boxes"].reshape(-1), float), child=arr(w["child"].reshape(-1), wp.int32),
-                v0=arr(v0, wp.vec3), e1=arr(p[f[:, 1]] - v0, wp.vec3), e2=arr(p[f[:, 2]] - v0, wp.vec3),
+                v0=arr(v0, wp.vec3), e1=arr(p[f[:, 1]], wp.vec3), e2=arr(p[f[:, 2]], wp.vec3),
                 fid=arr(order.astype(np.int32), wp.int32))
