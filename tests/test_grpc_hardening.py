@@ -133,8 +133,10 @@ def test_frame_times_far_outside_the_scene_are_invalid_not_internal(stub, scene,
 
 def test_frames_just_outside_the_trajectory_render_with_clamped_poses(stub, scene, spec):
     lo, hi = scene.time_range
+    inside = stub.render_lidar(lidar_request(scene, S.PANDAR128, t0=lo)).num_points
     for t0 in (lo - 1.0, hi + 1.0):
         assert stub.render_rgb(rgb_request(spec, scene, t0=t0)).image_bytes
+        assert abs(stub.render_lidar(lidar_request(scene, S.PANDAR128, t0=t0)).num_points - inside) < 0.1 * inside
 
 
 # ------------------------------------------------------------------------------------------------- 4. echoed strings

@@ -656,3 +656,27 @@ def test_config_overrides_accept_tokens_and_name_bad_ones():
         Lidar.preset("AT128", colour="red")
     with pytest.raises(LidarConfigError, match="scanRateBaseHz"):
         lid.with_config(scan_rate_base_hz=0.1)
+
+
+def test_frames_before_the_scene_origin_fire_with_the_pose_held():
+    """One policy with the camera: outside the recorded trajectory the pose is held at the nearest key and every
+    firing is delivered (a frame before t = 0 used to be empty, one across it half a sweep)."""
+    import wsim
+
+    scene = wsim.load_scene("builtin")
+    lid = Lidar.preset("PANDAR128", scene=scene, rig=scene.ego_trajectory, mount=((1.0, 0, 1.9), (0, 0, 0, 1)),
+                       partial_outputs=True)
+    at0 = lid.render(0.0, 0.1)
+    before = lid.render(-1.0, -0.9)  # the rig held at its first key
+    earlier = lid.render(-2.0, -1.9)  # the same phase of the spin a second earlier: the same points
+    assert abs(before.count - at0.count) < 0.02 * at0.count and at0.count > 100_000
+    assert earlier.count == before.count
+    np.testing.assert_array_equal(earlier["Coordinates"].numpy(), before["Coordinates"].numpy())
+    assert earlier.value("timestampNs") == before.value("timestampNs") - 1_000_000_000
+    across = lid.render(-0.05, 0.05)
+    assert abs(across.count - at0.count) < 0.02 * at0.count
+    with pytest.raises(ValueError, match="t0"):
+        lid.render(1e8, 1e8 + 0.1)
+    scene.time_origin_us = 0
+    with pytest.raises(ValueError, match="before the zero"):
+        lid.render(-1.0, -0.9)

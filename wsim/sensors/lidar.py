@@ -31,6 +31,8 @@ from .presets import preset as _preset
 
 Pose = tuple[Sequence[float], Sequence[float]]  # (translation (3,) [m], quaternion (x, y, z, w))
 
+#: Largest |time| accepted by :meth:`Lidar.render` [s]: scene times are relative to the scene's time origin.
+MAX_SCENE_TIME_S = 1e7
 #: ISO 8855 sensor axes to the application's axes (wsim: the same axes).
 MODEL_TO_APP = np.eye(4, dtype=np.float32)
 
@@ -220,6 +222,10 @@ class Lidar:
         """
         if not (np.isfinite(t0) and np.isfinite(t1)) or t1 < t0:
             raise ValueError(f"render: need finite t0 <= t1, got t0={t0}, t1={t1}")
+        for name, t in (("t0", t0), ("t1", t1)):
+            if abs(t) > MAX_SCENE_TIME_S:
+                raise ValueError(f"{name}: {t} s is more than {MAX_SCENE_TIME_S:.0e} s from the scene's time origin "
+                                 "(scene times are seconds on the scene clock, not absolute)")
         if compensation_reference not in ("start", "end"):
             raise ValueError("compensation_reference: 'start' or 'end'")
         scene = self._scene(scene)
@@ -228,17 +234,21 @@ class Lidar:
         chans = self._check_channels(channels) if channels is not None else self.channels
         period = int(round(1e9 / c.scan_rate_base_hz))
         t0_ns, t1_ns = int(round(t0 * 1e9)), int(round(t1 * 1e9))
+        if int(scene.time_origin_us) * 1000 + t0_ns < 0:
+            raise ValueError(f"t0: {t0} s is before the zero of the scene's absolute clock "
+                             f"(time_origin_us {scene.time_origin_us}); timestampNs is unsigned: give the scene a later "
+                             "time_origin_us")
         self.frame_id += 1
-        completes = [k for k in range(max(0, t0_ns // period), t1_ns // period + 1)
+        completes = [k for k in range(t0_ns // period, t1_ns // period + 1)
                      if t0_ns < (k + 1) * period <= t1_ns]
         deliver = True
         if c.instant_lidar:
-            scans = np.array([max(0, t0_ns // period)])
+            scans = np.array([t0_ns // period])
             ticks = self._ticks(scans, 0, 0, False)
             frame = (t0_ns, t1_ns)
             deliver = c.partial_outputs or bool(completes)
         elif c.partial_outputs:
-            scans = np.arange(max(0, (t0_ns - period) // period), t1_ns // period + 1)
+            scans = np.arange((t0_ns - period) // period, t1_ns // period + 1)
             ticks = self._ticks(scans, t0_ns, t1_ns, True)
             frame = (t0_ns, t1_ns)
         else:
