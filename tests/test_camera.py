@@ -467,7 +467,8 @@ def test_from_calibration_composes_ego_and_camera_to_rig(device):
     assert ShutterType.parse("UNKNOWN").device_code == 0 == ShutterType.parse("GLOBAL").device_code
 
 
-def test_from_usd_prim(tmp_path, device):
+def _camera_stage(tmp_path):
+    """A stage with a rig moving 10 m along x over 1 s, a plain USD pinhole and a fisheye described by JSON."""
     calib = {"model": "opencv_fisheye", "resolution": [320, 200], "shutter_type": "ROLLING_LEFT_TO_RIGHT",
              "logical_id": "cam_fish", "params": {"principal_point_x": 160, "principal_point_y": 100,
                                                   "focal_length_x": 90, "focal_length_y": 90,
@@ -497,6 +498,11 @@ def Xform "rig"
 """
     path = tmp_path / "cams.usda"
     path.write_text(usda)
+    return path
+
+
+def test_from_usd_prim(tmp_path, device):
+    path = _camera_stage(tmp_path)
     pin = Camera.from_usd_prim(path, "/rig/pin", device=device)
     assert isinstance(pin.lens, OpenCVPinholeLens) and (pin.width, pin.height) == (400, 200)
     assert pin.lens.focal_length_x == pytest.approx(400.0) and pin.lens.focal_length_y == pytest.approx(400.0)
@@ -512,6 +518,41 @@ def Xform "rig"
     assert fish.logical_id == "cam_fish" and fish.lens.max_angle == pytest.approx(1.4)
     with pytest.raises(ValueError, match="/rig.*not a Camera"):
         Camera.from_usd_prim(path, "/rig")
+    with pytest.raises(ValueError, match="cams.usda:/rig/bad: wsim:camera:calibration: focal_length_y"):
+        bad = path.read_text().replace('def Camera "fish"', 'def Camera "bad"\n    {\n        string wsim:camera:'
+                                       'calibration = \'{"model": "opencv_pinhole", "resolution": [8, 8], "params": '
+                                       '{"principal_point_x": 4, "principal_point_y": 4, "focal_length_x": 5}}\'\n'
+                                       '    }\n    def Camera "fish"')
+        (tmp_path / "cams.usda").write_text(bad)
+        Camera.from_usd_prim(path, "/rig/bad")
+
+
+def test_usd_camera_prims_are_read_in_the_scene_package(tmp_path):
+    """pxr stays in wsim.scene: wsim.scene.usd_sensors reads a Camera prim into plain values (a CameraCalibration and
+    a Trajectory), the camera is built from those."""
+    import re
+    from pathlib import Path
+
+    import wsim.sensors
+    from wsim.scene.usd_sensors import CameraPrim, read_camera_prim
+
+    for f in Path(wsim.sensors.__file__).parent.glob("*.py"):
+        assert not re.search(r"^\s*(from|import)\s+pxr\b", f.read_text(), re.M), f"{f.name} imports pxr"
+    path = _camera_stage(tmp_path)
+    pin = read_camera_prim(path, "/rig/pin")
+    assert isinstance(pin, CameraPrim) and isinstance(pin.calibration, CameraCalibration)
+    c = pin.calibration
+    assert (c.model, c.resolution, c.shutter_type, c.logical_id) == ("opencv_pinhole", (400, 200), "GLOBAL", "pin")
+    assert c.params == pytest.approx({"principal_point_x": 200.0, "principal_point_y": 100.0, "focal_length_x": 400.0,
+                                      "focal_length_y": 400.0})
+    assert isinstance(pin.trajectory, Trajectory)
+    np.testing.assert_allclose(pin.trajectory.times, [0.0, 1.0])
+    np.testing.assert_allclose(pin.trajectory.translations, [[1, 2, 3], [11, 2, 3]], atol=1e-9)
+    fish = read_camera_prim(path, "/rig/fish").calibration
+    assert (fish.model, fish.resolution, fish.logical_id) == ("opencv_fisheye", (320, 200), "cam_fish")
+    assert fish.shutter_type == "ROLLING_LEFT_TO_RIGHT" and fish.params["max_angle"] == 1.4
+    with pytest.raises(ValueError, match="stage_path"):
+        read_camera_prim(tmp_path / "missing.usda", "/rig/pin")
 
 
 @pytest.mark.parametrize("make, field", [
