@@ -721,6 +721,19 @@ def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
 
 
 @wp.func
+def quantize_range(r: float, res: float) -> float:
+    """Range ``r`` rounded to a multiple of ``res`` [m] (range quantisation). Its gradient is straight-through:
+    d quantize_range / dr := 1 (the true derivative, 0 almost everywhere, would silently zero every range gradient;
+    :func:`adj_quantize_range`). ``res`` is not differentiated."""
+    return wp.round(r / res) * res
+
+
+@wp.func_grad(quantize_range)
+def adj_quantize_range(r: float, res: float, adj_ret: float):
+    wp.adjoint[r] += adj_ret
+
+
+@wp.func
 def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, of: OutputFrame, rng: float,
                    noise: wp.vec3) -> wp.vec3:
     """The reported point in the output frame, Cartesian [m]: range + distance correction + range noise, quantized,
@@ -732,7 +745,7 @@ def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay,
     """
     rep = rng + em.dcorr[fr.table] + noise[0]
     if p.range_res > 0.0:
-        rep = wp.round(rep / p.range_res) * p.range_res
+        rep = quantize_range(rep, p.range_res)
     dir_s = sph_dir(fr.az + noise[1], fr.el + noise[2])
     if p.frame == FRAME_SENSOR:
         c = ray.origin_s + dir_s * rep
