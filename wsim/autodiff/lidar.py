@@ -4,6 +4,12 @@
 a second, differentiable Warp kernel recomputes Coordinates and Intensity from that surface) and returns torch tensors
 sharing the Warp arrays' memory. ``.backward()`` seeds the Warp tape with the output gradients and hands the input
 gradients back to torch.
+
+Each call is self-contained: the poses, emitter angles, gain and reflectance it differentiates are copies owned by
+that render's tape (the lidar's own trajectory, emitter table, gain and the scene's reflectance table are never
+written); ``vertex_offsets`` move the shared device mesh for the render only (restored and refitted afterwards, and
+set again, without refit, around the backward pass, whose mesh gradients are kept apart from other renders'). Renders
+and backwards can therefore be interleaved freely, and later plain renders (lidar or camera) are unaffected.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import warp as wp
 
 from ..scene.scene import Trajectory
 from ..sensors.lidar import Lidar
+from .camera import _mesh_point_arrays, _StaticPoints
 
 
 @dataclass
@@ -55,33 +62,37 @@ class _LidarRender(torch.autograd.Function):
     @staticmethod
     def forward(ctx, lidar: Lidar, t0: float, t1: float, pose_times, scene, *tensors):  # noqa: D401
         ins = dict(zip(_ORDER, tensors))
+        ov: dict = {}
         if ins["translations"] is not None or ins["rotations"] is not None:
-            base = lidar.trajectory
+            base = lidar._pose_trajectory()  # noqa: SLF001
             times = np.asarray(pose_times if pose_times is not None else base.times, np.float64)
             tr = _f32(ins["translations"]) if ins["translations"] is not None else base.translations
             q = _f32(ins["rotations"]) if ins["rotations"] is not None else base.rotations
             traj = Trajectory(times, tr, q)
             traj.rotations = np.asarray(q, np.float64)  # as given (no renormalisation): exact gradients
-            lidar.trajectory = traj
-            lidar._history.clear()  # noqa: SLF001 - explicit poses replace remembered ones
-        em = lidar._emitter_table()  # noqa: SLF001
-        if ins["azimuth_deg"] is not None:
-            em.az.assign(np.deg2rad(_f32(ins["azimuth_deg"])))
-        if ins["elevation_deg"] is not None:
-            em.el.assign(np.deg2rad(_f32(ins["elevation_deg"])))
-        if ins["gain"] is not None:
-            lidar.set_gain(_f32(ins["gain"]))
+            ov["trajectory"] = traj
+        for name, key in (("azimuth_deg", "azimuth"), ("elevation_deg", "elevation")):
+            if ins[name] is not None:
+                ov[key] = np.deg2rad(_f32(ins[name]))
+        for key in ("gain", "reflectance"):
+            if ins[key] is not None:
+                ov[key] = _f32(ins[key])
         scene = lidar._scene(scene)  # noqa: SLF001
-        refl = lidar._scene_tables(scene)[0]  # noqa: SLF001
-        if ins["reflectance"] is not None:
-            refl.assign(_f32(ins["reflectance"]))
         geo = scene.device_geometry(lidar.device)
+        offsets = None
         if ins["vertex_offsets"] is not None:
-            pts = geo.static_mesh.points
-            pts.assign(scene.static.points + _f32(ins["vertex_offsets"]))
-            geo.refit_static()
-        pc = lidar.render(t0, t1, scene=scene, requires_grad=True)
-        ctx.pc = pc
+            if geo.static_mesh is None:
+                raise ValueError("vertex_offsets: the scene has no static mesh")
+            nv = len(scene.static.points)
+            if tuple(ins["vertex_offsets"].shape) != (nv, 3):
+                raise ValueError(f"vertex_offsets: expected ({nv}, 3), got {tuple(ins['vertex_offsets'].shape)}")
+            offsets = ins["vertex_offsets"].detach().to(torch.float32)
+        frame_id = lidar.frame_id
+        # the render sees the offset vertices; the shared device mesh is restored (and refitted) afterwards
+        with _StaticPoints(geo, offsets, refit=True):
+            pc = lidar.render(t0, t1, scene=scene, requires_grad=True, _overrides=ov)
+        lidar.frame_id = frame_id  # a differentiable render leaves no trace on the sensor
+        ctx.pc, ctx.geo, ctx.offsets = pc, geo, offsets
         ctx.shapes = [(t.shape, t.dtype, t.device) if t is not None else None for t in tensors]
         coords = wp.to_torch(pc["Coordinates"], requires_grad=False)
         inten = wp.to_torch(pc["Intensity"], requires_grad=False)
@@ -92,39 +103,42 @@ class _LidarRender(torch.autograd.Function):
         pc = ctx.pc
         tape = pc.tape
         inputs = pc.inputs
-        grads = {}
+        grads_out: dict[str, np.ndarray] = {}
         if pc.count:
-            grads[pc["Coordinates"]] = wp.from_torch(g_coords.detach().to(torch.float32).contiguous())
-            grads[pc["Intensity"]] = wp.from_torch(g_inten.detach().to(torch.float32).contiguous())
-            tape.backward(grads=grads)
+            dev = wp.device_to_torch(pc["Coordinates"].device)
+            gc = torch.zeros((3, pc.count), device=dev) if g_coords is None else g_coords
+            gi = torch.zeros(pc.count, device=dev) if g_inten is None else g_inten
+            grads = {pc["Coordinates"]: wp.from_torch(gc.detach().to(dev, torch.float32).contiguous()),
+                     pc["Intensity"]: wp.from_torch(gi.detach().to(dev, torch.float32).contiguous())}
+            # the mesh vertex arrays are shared with every render: keep their accumulated gradients aside
+            mesh_pts = _mesh_point_arrays(inputs)
+            saved = [wp.clone(a.grad) for a in mesh_pts]
+            for a in mesh_pts:
+                a.grad.zero_()
+            try:
+                with _StaticPoints(ctx.geo, ctx.offsets, refit=False):  # the vertices the forward pass saw
+                    tape.backward(grads=grads)
+                g = inputs["poses"].grad.numpy().reshape(-1, 7)
+                grads_out["translations"], grads_out["rotations"] = g[:, :3].copy(), g[:, 3:].copy()
+                grads_out["azimuth_deg"] = inputs["azimuth"].grad.numpy() * (np.pi / 180.0)
+                grads_out["elevation_deg"] = inputs["elevation"].grad.numpy() * (np.pi / 180.0)
+                grads_out["gain"] = inputs["gain"].grad.numpy().copy()
+                grads_out["reflectance"] = inputs["reflectance"].grad.numpy().copy()
+                if ctx.offsets is not None:
+                    grads_out["vertex_offsets"] = inputs["static_points"].grad.numpy().copy()
+            finally:
+                tape.zero()
+                for a, s in zip(mesh_pts, saved):
+                    wp.copy(a.grad, s)
         out = []
         for name, shp in zip(_ORDER, ctx.shapes):
             if shp is None:
                 out.append(None)
                 continue
             shape, dtype, device = shp
-            if not pc.count:
-                out.append(torch.zeros(shape, dtype=dtype, device=device))
-                continue
-            if name in ("translations", "rotations"):
-                g = inputs["poses"].grad.numpy().reshape(-1, 7)
-                g = g[:, :3] if name == "translations" else g[:, 3:]
-            elif name in ("azimuth_deg", "elevation_deg"):
-                arr = inputs["azimuth" if name == "azimuth_deg" else "elevation"]
-                g = arr.grad.numpy() * (np.pi / 180.0)
-            elif name == "gain":
-                g = inputs["gain"].grad.numpy()
-            elif name == "reflectance":
-                g = inputs["reflectance"].grad.numpy()
-            else:
-                g = inputs["static_points"].grad.numpy()
-            out.append(torch.as_tensor(np.array(g).reshape(shape), dtype=dtype, device=device))
-        # the input arrays are reused by later renders: clear their gradients
-        for arr in (inputs.get("azimuth"), inputs.get("elevation"), inputs.get("gain"), inputs.get("reflectance"),
-                    inputs.get("static_points"), *inputs.get("prototype_points", [])):
-            if arr is not None and arr.grad is not None:
-                arr.grad.zero_()
-        tape.zero()
+            g = grads_out.get(name)
+            out.append(torch.zeros(shape, dtype=dtype, device=device) if g is None
+                       else torch.as_tensor(np.array(g).reshape(shape), dtype=dtype, device=device))
         return (None, None, None, None, None, *out)
 
 

@@ -201,6 +201,7 @@ class Lidar:
         compensation_reference: str = "start",
         channels: Sequence[str] | None = None,
         requires_grad: bool = False,
+        _overrides: dict | None = None,
     ) -> PointCloud:
         """Render the application step [t0, t1] (scene seconds).
 
@@ -214,7 +215,12 @@ class Lidar:
             channels: Channels to deliver for this frame (default: the lidar's selection).
             requires_grad: Record Coordinates and Intensity on ``PointCloud.tape`` (a ``wp.Tape``): gradients reach
                 ``PointCloud.inputs`` — sensor poses, emitter azimuth/elevation [rad], per-emitter gain, material
-                reflectance and mesh vertex positions. See README "Differentiable rendering".
+                reflectance and mesh vertex positions. See README "Differentiable rendering". The poses, angles,
+                gain and reflectance in ``inputs`` are this render's own copies (their gradients belong to this
+                tape alone); the mesh vertex arrays are the scene's shared device arrays.
+            _overrides: Internal (:func:`wsim.torch.lidar_render`): values used for this render only, leaving the
+                lidar untouched — ``trajectory`` (a sensor Trajectory), ``azimuth``/``elevation`` [rad] (S·E,),
+                ``gain`` (E,), ``reflectance`` (M,) (float32 arrays).
 
         Returns:
             A :class:`PointCloud`. With partialOutputs false, only a step that completes a scan delivers points
@@ -260,7 +266,8 @@ class Lidar:
                 ticks, frame, deliver = {}, (t0_ns, t1_ns), False
         if not deliver:
             ticks = {}
-        return self._trace(scene, ticks, frame, chans, compensation_reference, t0_ns, t1_ns, requires_grad)
+        return self._trace(scene, ticks, frame, chans, compensation_reference, t0_ns, t1_ns, requires_grad,
+                           _overrides or {})
 
     def _scene(self, scene: Scene | None) -> Scene:
         if scene is not None:
@@ -337,10 +344,11 @@ class Lidar:
         return p
 
     def _trace(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
-               t0_ns: int, t1_ns: int, requires_grad: bool = False) -> PointCloud:
+               t0_ns: int, t1_ns: int, requires_grad: bool = False, overrides: dict | None = None) -> PointCloud:
         c, d = self.config, self.device
         ts_ns, te_ns = frame
-        traj = self._pose_trajectory()
+        ov = overrides or {}
+        traj = ov["trajectory"] if ov.get("trajectory") is not None else self._pose_trajectory()
         start_pose = interpolate_pose(traj.times, traj.translations, traj.rotations, ts_ns * 1e-9)
         end_pose = interpolate_pose(traj.times, traj.translations, traj.rotations, te_ns * 1e-9)
         n_ticks = len(ticks.get("abs_ns", []))
@@ -349,6 +357,9 @@ class Lidar:
         slots = _alloc_slots(n_slots, d)
         geo = scene.device_geometry(d)
         refl, trans, ohash, pnum = self._scene_tables(scene)
+        em, gain = self._emitter_table(), self._gain_array()
+        if requires_grad or ov:  # this render's own copies of what the tape differentiates (or what is overridden)
+            em, gain, refl = self._render_inputs(em, gain, refl, ov)
         pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
         poses = wp.array(np.concatenate([traj.translations, traj.rotations], 1).astype(np.float32),
                          dtype=wp.transform, device=d, requires_grad=requires_grad)
@@ -375,31 +386,49 @@ class Lidar:
             tt.state = wp.array(ticks["state"].astype(np.int32), dtype=wp.int32, device=d)
             tt.scan = wp.array(ticks["scan"].astype(np.int32), dtype=wp.int32, device=d)
             _launch.launch(K.lidar_fire_kernel, n_fire,
-                           [geo.geo, p, self._emitter_table(), tt, pose_times, poses, float(ref_time), custom,
-                            refl, trans, self._gain_array(), ohash, pnum],
+                           [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
+                            refl, trans, gain, ohash, pnum],
                            [slots], device=d)
         pc, src = self._compact(slots, n_slots, chans, frame, start_pose, end_pose, comp_ref)
         if requires_grad:
             n = pc.count
             coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
             inten = wp.zeros(n, dtype=float, device=d, requires_grad=True)
-            em = self._emitter_table()
             tape = wp.Tape()
             if n:
                 with tape:
                     wp.launch(K.lidar_diff_kernel, n, [geo.geo, p, em, tt, pose_times, poses, float(ref_time),
-                                                        custom, refl, self._gain_array(), slots, src],
+                                                        custom, refl, gain, slots, src],
                               [coords, inten], device=d)
             pc.channels["Coordinates"] = coords
             pc.channels["Intensity"] = inten
             pc.tape = tape
             pc.inputs = {
                 "pose_times": pose_times, "poses": poses, "azimuth": em.az, "elevation": em.el,
-                "gain": self._gain_array(), "reflectance": refl,
+                "gain": gain, "reflectance": refl,
                 "static_points": geo.static_mesh.points if geo.static_mesh is not None else None,
                 "prototype_points": [m.points if m is not None else None for m in geo.prototype_meshes],
             }
         return pc
+
+    def _render_inputs(self, em: K.EmitterTable, gain: wp.array, refl: wp.array, ov: dict):
+        """Copies of the emitter table (fresh azimuth/elevation arrays), gain and reflectance for one render, with
+        the overridden values: the lidar's own arrays are never written, and a recorded tape keeps the values it
+        saw whatever later renders do."""
+        d = self.device
+
+        def fresh(arr: wp.array, key: str) -> wp.array:
+            if ov.get(key) is None:
+                return wp.clone(arr, requires_grad=True)
+            v = np.asarray(ov[key], np.float32).reshape(-1)
+            if v.shape != (arr.shape[0],) or not np.all(np.isfinite(v)):
+                raise ValueError(f"{key}: need {arr.shape[0]} finite values, got {v.shape}")
+            return wp.array(v, dtype=float, device=d, requires_grad=True)
+
+        out = K.EmitterTable()
+        out.az, out.el = fresh(em.az, "azimuth"), fresh(em.el, "elevation")
+        out.fire_ns, out.channel, out.hor, out.vert, out.dcorr = em.fire_ns, em.channel, em.hor, em.vert, em.dcorr
+        return out, fresh(gain, "gain"), fresh(refl, "reflectance")
 
     def _gain_array(self) -> wp.array:
         """Per-emitter intensity gain (device array, default 1; differentiable)."""
