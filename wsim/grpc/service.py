@@ -18,11 +18,9 @@ Rendering semantics (sensorsim-api.md):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -31,15 +29,17 @@ import grpc
 import numpy as np
 
 from .. import __version__
-from ..launch import Cancelled, cancellable, check_cancelled
-from ..scene.scene import Instance, MeshData, Part, Scene, SceneError, Trajectory
+from ..launch import Cancelled, check_cancelled
+from ..scene.scene import Scene, SceneError, Trajectory
 from ..sensors.lidar import Lidar
 from ..sensors.lidar_config import CoordsType, FrameOfReference, MotionCompensation
 from ..sensors.presets import preset as lidar_preset
 from . import convert
+from .assets import AssetEditing
 from .budget import RequestBudget, camera_products
 from .errors import RequestError, as_request_error, clip, exhausted, invalid, not_found, precondition
 from .geometry import request_scene, track_index
+from .rpc import rpc as _rpc
 from .scenes import SceneStore
 from .stubs import common_pb2, ipc_pb2, sensorsim_pb2, sensorsim_pb2_grpc
 
@@ -66,32 +66,6 @@ _LIDARS = {sensorsim_pb2.PANDAR128: "PANDAR128", sensorsim_pb2.AT128: "AT128"}
 _SUPPORTED_FORMATS = ("PNG", "JPEG", "RGB_UINT8_PLANAR")
 
 
-def _rpc(fn: Callable) -> Callable:
-    """Run a handler: RequestError / ValueError / other exceptions become statuses; log one line with the duration."""
-
-    @functools.wraps(fn)
-    def wrapper(self: SensorsimServicer, request: Any, context: grpc.ServicerContext) -> Any:
-        t0 = time.perf_counter()
-        status = "OK"
-        with self._inflight_lock:
-            self._inflight += 1
-        try:
-            with cancellable(lambda: not context.is_active()):
-                return fn(self, request, context)
-        except Exception as e:  # noqa: BLE001 - every failure becomes a status; the server keeps serving
-            err = as_request_error(e)
-            status = err.code.name
-            if err.code is grpc.StatusCode.INTERNAL:
-                log.exception("%s failed", fn.__name__)
-            context.abort(err.code, err.message)
-        finally:
-            with self._inflight_lock:
-                self._inflight -= 1
-            log.info("%s %s %.1f ms", fn.__name__, status, (time.perf_counter() - t0) * 1e3)
-
-    return wrapper
-
-
 def _is_local_peer(peer: str) -> bool:
     """Whether a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) is on this machine."""
     import ipaddress
@@ -116,7 +90,7 @@ class _IpcSession:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
-class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
+class SensorsimServicer(AssetEditing, sensorsim_pb2_grpc.SensorsimServiceServicer):
     """Implements every RPC of ``nre.grpc.protos.sensorsim.SensorsimService``.
 
     Args:
@@ -620,105 +594,3 @@ class SensorsimServicer(sensorsim_pb2_grpc.SensorsimServiceServicer):
         wp.copy(sess.buffers[k], wp.array(planar, dtype=wp.uint8, device=self.device), count=planar.nbytes)
         wp.synchronize_device(self.device)
         return sensorsim_pb2.RGBRenderReturn(ipc_buffer_index=k)
-
-    # ------------------------------------------------------------------------------------------------ assets
-    def _assets(self) -> dict[str, Path]:
-        if not self.assets_dir:
-            return {}
-        from ..scene.loader import SCENE_SUFFIXES
-
-        return {f.stem: f for f in sorted(Path(self.assets_dir).rglob("*")) if f.suffix.lower() in SCENE_SUFFIXES}
-
-    @_rpc
-    def get_external_asset_objects(self, request, context):
-        self._scene(request.scene_id)
-        out = sensorsim_pb2.ExternalAssetObjectsReturn()
-        for aid in sorted(self._assets()):
-            mesh, label, _ = self._asset_mesh(aid)
-            ext = mesh.points.max(0) - mesh.points.min(0) if len(mesh.points) else np.zeros(3)
-            out.assets.add(asset_id=aid, label_class=label,
-                           aabb=common_pb2.AABB(size_x=ext[0], size_y=ext[1], size_z=ext[2]))
-        return out
-
-    def _asset_mesh(self, asset_id: str) -> tuple[MeshData, str, Scene]:
-        """The asset's triangles (static geometry of its stage plus its placed instances), its first semantic label
-        and its scene (whose part / material tables the triangles index)."""
-        from ..scene.loader import load_scene
-        from ..scene.transforms import quat_to_matrix
-
-        path = self._assets().get(asset_id)
-        if path is None:
-            raise not_found(f"asset_id: unknown asset {clip(asset_id)}")
-        a = load_scene(path)
-        meshes = [a.static] if a.static.num_triangles else []
-        for inst in a.instances:
-            p = a.prototypes[inst.prototype]
-            pts = p.points @ quat_to_matrix(inst.rotations[0]).T * inst.scales[0] + inst.translations[0]
-            meshes.append(MeshData(pts, p.indices, p.tri_part, name=p.name))
-        mesh = MeshData.concatenate(meshes, name=asset_id)
-        labels = [a.semantic_classes[a.parts[k].semantic_class] for k in np.unique(mesh.tri_part)
-                  if a.parts[k].semantic_class]
-        return mesh, (labels[0] if labels else ""), a
-
-    @_rpc
-    def edit_assets(self, request, context):
-        if not self.assets_dir:
-            raise precondition("edit_assets: the server has no assets folder (wsim serve --assets DIR)")
-        scene = self._scene(request.scene_id)
-        ed = dataclasses.replace(scene, prototypes=list(scene.prototypes), instances=list(scene.instances),
-                                 parts=list(scene.parts), materials=list(scene.materials),
-                                 semantic_classes=list(scene.semantic_classes), _device_cache={})
-        tracks = track_index(ed)
-        names = []
-        next_oid = max([p.object_id for p in ed.parts] + [i.object_id for i in ed.instances] + [0]) + 1
-        for i, e in enumerate(request.edits):
-            f = f"edits[{i}]"
-            mesh, label, a = self._asset_mesh(e.asset_id)
-            remap = {}
-            for k in np.unique(mesh.tri_part):
-                part = a.parts[k]
-                mat = ed.add_material(a.materials[part.material])
-                sem = ed.semantic_class_index(a.semantic_classes[part.semantic_class])
-                remap[int(k)] = ed.add_part(Part(f"/assets/{e.asset_id}{part.name}", mat, sem, next_oid))
-            lo, hi = mesh.points.min(0), mesh.points.max(0)
-            proto = MeshData(mesh.points - (lo + hi) / 2, mesh.indices,
-                             np.vectorize(remap.get)(mesh.tri_part) if len(mesh.tri_part) else mesh.tri_part,
-                             name=e.asset_id)
-            ed.prototypes.append(proto)
-            sem = ed.semantic_class_index(label) if label else 0
-            if e.replace_track_id:
-                k = tracks.get(e.replace_track_id)
-                if k is None:
-                    raise not_found(f"{f}.replace_track_id: unknown track {clip(e.replace_track_id)}")
-                ed.instances[k] = dataclasses.replace(ed.instances[k], prototype=len(ed.prototypes) - 1,
-                                                      cuboid=(hi - lo).astype(float))
-                names.append(ed.instances[k].name)
-            elif e.new_track_id:
-                if e.new_track_id in tracks:
-                    raise invalid(f"{f}.new_track_id: track {clip(e.new_track_id)} exists")
-                if not e.trajectory.poses:
-                    raise invalid(f"{f}.trajectory: empty (a new track needs at least one pose)")
-                ts, trs, qs = [], [], []
-                for j, p in enumerate(e.trajectory.poses):
-                    t, q = convert.pose_from_proto(p.pose, p.HasField("pose"), f"{f}.trajectory.poses[{j}].pose")
-                    ts.append((p.timestamp_us - scene.time_origin_us) * 1e-6)
-                    trs.append(t)
-                    qs.append(q)
-                if np.any(np.diff(ts) <= 0):
-                    raise invalid(f"{f}.trajectory: timestamps must increase")
-                ed.instances.append(Instance(len(ed.prototypes) - 1, ts, trs, qs, object_id=next_oid,
-                                             name=e.new_track_id, semantic_class=sem, cuboid=(hi - lo).astype(float)))
-                tracks[e.new_track_id] = len(ed.instances) - 1
-                names.append(e.new_track_id)
-            else:
-                raise invalid(f"{f}: set replace_track_id or new_track_id")
-            next_oid += 1
-        ed.device_geometry(self.device)
-        self.store.replace(request.scene_id, ed)
-        return sensorsim_pb2.EditAssetsResponse(track_ids=names)
-
-    @_rpc
-    def restore_model_parameters(self, request, context):
-        self._scene(request.scene_id)
-        self.store.replace(request.scene_id, None)
-        return common_pb2.Empty()
