@@ -57,7 +57,6 @@ def demo(args: argparse.Namespace) -> int:
     load_t0 = time.perf_counter()
     scene = _check_demo_time(args)  # loads the scene; --time must lie inside its time range, before any work
     load_s = time.perf_counter() - load_t0
-    import warp as wp
     from PIL import Image
     from tqdm import tqdm
 
@@ -196,45 +195,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _init_warp(verbose: bool) -> None:
-    """Initialise Warp. Quiet (the default): no start-up banner, no module-load lines, and no "Could not find or load
-    the NVIDIA CUDA driver" warning on a machine without one; Warp's own warnings and errors still show. ``verbose``
-    keeps Warp's default output."""
-    import os
-    import tempfile
-
-    import warp as wp
-
-    if verbose:
-        wp.config.log_level = wp.LOG_INFO
-        wp.init()
-        return
-    wp.config.log_level = wp.LOG_WARNING  # banner and "Module ... load on device" lines are info messages
-    # Warp's native library prints the missing-driver warning with fprintf(stderr) while wp.init() loads it: catch what
-    # reaches file descriptor 2 during the call and pass on everything but that line.
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:
-        wp.init()
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            wp.init()
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-        tmp.seek(0)
-        text = tmp.read().decode(errors="replace")
-    rest = [line for line in text.splitlines(keepends=True)
-            if "Could not find or load the NVIDIA CUDA driver" not in line]
-    if rest:
-        sys.stderr.write("".join(rest))
-        sys.stderr.flush()
 
 
 def _check_device(name: str | None) -> None:
@@ -466,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     ds.set_defaults(func=dataset)
     args = p.parse_args(argv)
     try:
-        _init_warp(args.verbose)
+        from wsim.launch import init_warp
+
+        init_warp(args.verbose)
         _check_device(args.device if "device" in args else None)
         if args.command == "serve":
             _check_port(args.host, args.port)

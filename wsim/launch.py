@@ -103,3 +103,40 @@ def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, t
     list(_pool(n).map(run, range(shards)))
     if stopped.is_set():
         raise Cancelled("cancelled between launch shards")
+
+
+def init_warp(verbose: bool = False) -> None:
+    """Initialise Warp. Quiet (the default): no start-up banner, no module-load lines, and no "Could not find or load
+    the NVIDIA CUDA driver" warning on a machine without one; Warp's own warnings and errors still show. ``verbose``
+    keeps Warp's default output."""
+    import sys
+    import tempfile
+
+    if verbose:
+        wp.config.log_level = wp.LOG_INFO
+        wp.init()
+        return
+    wp.config.log_level = wp.LOG_WARNING  # banner and "Module ... load on device" lines are info messages
+    # Warp's native library prints the missing-driver warning with fprintf(stderr) while wp.init() loads it: catch what
+    # reaches file descriptor 2 during the call and pass on everything but that line.
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        wp.init()
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            wp.init()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    rest = [line for line in text.splitlines(keepends=True)
+            if "Could not find or load the NVIDIA CUDA driver" not in line]
+    if rest:
+        sys.stderr.write("".join(rest))
+        sys.stderr.flush()

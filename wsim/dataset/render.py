@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..launch import init_warp
 from .plan import ShardTask
 from .writers import (CameraFrameOut, FolderWriter, FrameOut, LidarFrame, McapShardWriter, atomic_write, json_bytes,
                       params_json, point_table, pose_dict, to_jsonable)
@@ -34,38 +35,8 @@ def init_worker(threads: int | None = None, verbose: bool = False) -> None:
     if threads:
         os.environ["WSIM_NUM_THREADS"] = str(int(threads))
     if not _warp_ready:
-        _quiet_warp_init(verbose)
+        init_warp(verbose)
         _warp_ready = True
-
-
-def _quiet_warp_init(verbose: bool) -> None:
-    """``wp.init()`` as the ``wsim`` command does it: without the banner, module-load lines and the missing-driver
-    warning on machines without CUDA (which Warp's native library prints to file descriptor 2), unless ``verbose``."""
-    import sys
-    import tempfile
-
-    import warp as wp
-
-    if verbose:
-        wp.config.log_level = wp.LOG_INFO
-        wp.init()
-        return
-    wp.config.log_level = wp.LOG_WARNING
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            wp.init()
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-        tmp.seek(0)
-        rest = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
-                if "Could not find or load the NVIDIA CUDA driver" not in line]
-    if rest:
-        sys.stderr.write("".join(rest))
 
 
 def _scene(source: str):
