@@ -247,6 +247,20 @@ class Return:
     noise: wp.vec3  # range [m], azimuth [rad], elevation [rad] noise
 
 
+@wp.struct
+class Members:
+    """Every contribution of the delivered beam echoes (differentiable pass), grouped by return in range order:
+    the return it belongs to, its sub-ray, its surface (face, instance, material) and its sub-ray weight × the
+    transmittance before the surface."""
+
+    owner: wp.array[wp.int32]  # delivered return (row of the point cloud)
+    subray: wp.array[wp.int32]
+    face: wp.array[wp.int32]
+    inst: wp.array[wp.int32]
+    material: wp.array[wp.int32]
+    tau: wp.array[float]
+
+
 # ---------------------------------------------------------------------------------------------- small helpers
 @wp.func
 def wrap_pi(a: float) -> float:
@@ -906,29 +920,170 @@ def lidar_fire_kernel(
 
 
 @wp.func
-def recompute_echo(geo: SceneGeo, p: LidarParams, slots: Slots, i: int, ray: FiringRay, time: float,
-                   refl: wp.array[float]):
-    """Slot i's echo range [m], signal, surface normal and sub-ray direction, recomputed from its surface (face,
-    instance) differentiably. Beam echoes carry the representative surface's change: range = forward range +
-    Δ(representative distance), signal = forward signal · (representative signal / its forward value)."""
-    dk = subray_dir(ray.dir, slots.subray[i], p)
+def peak_members(p: LidarParams, c: Contributions) -> vec64i:
+    """The peak (index in range order) each contribution joins: :func:`merge_peaks`'s grouping, step for step."""
+    pr = vec64f()
+    ps = vec64f()
+    pn = vec64f()
+    pm = vec64f()
+    own = vec64i()
+    npk = int(0)
+    for j in range(c.m):
+        start_new = npk == 0
+        if not start_new:
+            q = npk - 1
+            start_new = c.r[j] - peak_mean(pr[q], ps[q], pn[q], pm[q]) > p.min_echo_dist
+        if start_new:
+            npk += 1
+        q = npk - 1
+        pr[q] = pr[q] + c.s[j] * c.r[j]
+        ps[q] = ps[q] + c.s[j]
+        pn[q] = pn[q] + 1.0
+        pm[q] = pm[q] + c.r[j]
+        own[j] = q
+    return own
+
+
+@wp.func
+def echo_peak(p: LidarParams, pk: Peaks, e: int) -> int:
+    """The peak :func:`rank_peaks` delivers as echo ``e`` (-1: none)."""
+    ps = pk.sum_s
+    pn = pk.count
+    found = int(-1)
+    n = int(0)
+    for _e in range(p.max_returns):
+        best = int(-1)
+        for q in range(pk.n):
+            if pn[q] > 0.0 and (best < 0 or ps[q] > ps[best]):
+                best = q
+        if best >= 0:
+            if n == e:
+                found = best
+            n += 1
+            pn[best] = 0.0
+    return found
+
+
+@wp.kernel(enable_backward=False)
+def echo_members_kernel(
+    geo: SceneGeo,
+    p: LidarParams,
+    em: EmitterTable,
+    ticks: TickTable,
+    pose_times: wp.array[float],
+    poses: wp.array[wp.transform],
+    refl: wp.array[float],
+    trans: wp.array[float],
+    slots: Slots,
+    src: wp.array[wp.int32],
+    fill: int,
+    end: wp.array[wp.int32],
+    count: wp.array[wp.int32],
+    mem: Members,
+):
+    """The contributions of each delivered beam echo, re-found by walking its firing's beam again (the same walk,
+    merge and ranking as :func:`lidar_fire_kernel`). ``fill`` 0: count them per return; 1: write them to ``mem`` at
+    [end[j] − count[j], end[j]) (``end`` = inclusive scan of the counts)."""
+    j = wp.tid()
+    i = src[j]
+    f = slots.fire[i]
+    fr = schedule(p, em, ticks, f)
+    ray = firing_ray(em, fr, pose_times, poses)
+    c = walk_beam(geo, p, ray, fr.time, refl, trans)
+    q = echo_peak(p, merge_peaks(p, c), i - f * p.max_returns)
+    own = peak_members(p, c)
+    base = int(0)
+    if fill != 0:
+        base = end[j] - count[j]
+    k = int(0)
+    for a in range(c.m):
+        if own[a] == q and q >= 0:
+            if fill != 0 and k < count[j]:
+                code = c.code[a]
+                sr = code // p.hits_per_subray
+                h = nth_hit(geo, ray.origin, subray_dir(ray.dir, sr, p), code - sr * p.hits_per_subray, p.far,
+                            fr.time)
+                t = base + k
+                mem.owner[t] = j
+                mem.subray[t] = sr
+                mem.face[t] = h.face
+                mem.inst[t] = h.instance
+                mem.material[t] = h.material
+                mem.tau[t] = c.tau[a]
+            k += 1
+    if fill == 0:
+        count[j] = k
+
+
+@wp.func
+def surface_contribution(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, subray: int, face: int,
+                         inst: int, mid: int, tau: float, refl: wp.array[float]):
+    """A surface's distance [m] along a sub-ray, its signal τ·ρ_eff·|cos θ|/r², its normal and the sub-ray direction,
+    recomputed from the face's vertices (differentiable w.r.t. the ray, the vertices and the reflectance)."""
+    dk = subray_dir(ray.dir, subray, p)
     h = miss()
-    h.face = slots.face[i]
-    h.instance = slots.inst[i]
+    h.face = face
+    h.instance = inst
     h.time = time
     tri = hit_triangle(geo, h)
     n = wp.normalize(wp.cross(tri[1] - tri[0], tri[2] - tri[0]))
-    t_rep = hit_distance(geo, h, ray.origin, dk)
-    mid = slots.material[i]
+    t = hit_distance(geo, h, ray.origin, dk)
     retro = int(0)
     if (geo.material_code[mid] >> 11) & 2 != 0:
         retro = 1
-    s_rep = slots.tau[i] * signal_from(refl[mid], retro, n, dk, t_rep)
+    return t, tau * signal_from(refl[mid], retro, n, dk, t), n, dk
+
+
+@wp.kernel
+def echo_sums_kernel(
+    geo: SceneGeo,
+    p: LidarParams,
+    em: EmitterTable,
+    ticks: TickTable,
+    pose_times: wp.array[float],
+    poses: wp.array[wp.transform],
+    refl: wp.array[float],
+    slots: Slots,
+    src: wp.array[wp.int32],
+    mem: Members,
+    sum_sr: wp.array[float],
+    sum_s: wp.array[float],
+    sum_r: wp.array[float],
+):
+    """Σ s·r, Σ s and Σ r over each delivered beam echo's contributions, recomputed differentiably (one thread per
+    contribution)."""
+    t = wp.tid()
+    if mem.face[t] < 0:
+        return
+    j = mem.owner[t]
+    fr = schedule(p, em, ticks, slots.fire[src[j]])
+    ray = firing_ray(em, fr, pose_times, poses)
+    r, s, _n, _dk = surface_contribution(geo, p, ray, fr.time, mem.subray[t], mem.face[t], mem.inst[t],
+                                         mem.material[t], mem.tau[t], refl)
+    wp.atomic_add(sum_sr, j, s * r)
+    wp.atomic_add(sum_s, j, s)
+    wp.atomic_add(sum_r, j, r)
+
+
+@wp.func
+def recompute_echo(geo: SceneGeo, p: LidarParams, slots: Slots, i: int, ray: FiringRay, time: float,
+                   refl: wp.array[float], members: int, sum_sr: float, sum_s: float, sum_r: float):
+    """Slot i's echo range [m], signal, surface normal and sub-ray direction, recomputed differentiably. Idealized:
+    from its surface (face, instance). Beam: the echo's signal-weighted mean range Σ s·r / Σ s and signal Σ s over
+    its ``members`` contributions (sums from :func:`echo_sums_kernel`, each contribution's range and signal
+    differentiated); the normal and direction are the representative (strongest) surface's, for the incidence
+    cosine. A beam echo without recorded members carries its representative surface's change instead."""
+    t_rep, s_rep, n, dk = surface_contribution(geo, p, ray, time, slots.subray[i], slots.face[i], slots.inst[i],
+                                               slots.material[i], slots.tau[i], refl)
     rng = t_rep
     signal = s_rep
     if p.ray_type != RAY_IDEALIZED:
-        rng = slots.peak_r[i] + (t_rep - slots.rep_t[i])
-        signal = slots.peak_s[i] * s_rep / wp.max(slots.rep_s[i], 1.0e-30)
+        if members > 0:
+            rng = peak_mean(sum_sr, sum_s, float(members), sum_r)
+            signal = sum_s
+        else:
+            rng = slots.peak_r[i] + (t_rep - slots.rep_t[i])
+            signal = slots.peak_s[i] * s_rep / wp.max(slots.rep_s[i], 1.0e-30)
     return rng, signal, n, dk
 
 
@@ -946,17 +1101,23 @@ def lidar_diff_kernel(
     gain: wp.array[float],
     slots: Slots,
     src: wp.array[wp.int32],
+    members: wp.array[wp.int32],
+    sum_sr: wp.array[float],
+    sum_s: wp.array[float],
+    sum_r: wp.array[float],
     coords: wp.array2d[float],
     intensity: wp.array[float],
 ):
     """Recompute the Coordinates and Intensity of delivered returns from their surfaces, differentiably w.r.t. the
-    sensor poses, emitter angles, per-emitter gain, material reflectance and mesh vertices. The surface (face,
-    instance) comes from :func:`lidar_fire_kernel`: the BVH query only picks it. Values equal the forward pass's."""
+    sensor poses, emitter angles, per-emitter gain, material reflectance and mesh vertices. The surfaces (face,
+    instance) come from :func:`lidar_fire_kernel` (and :func:`echo_members_kernel` for beams): the BVH query only
+    picks them. Values equal the forward pass's (up to float rounding of the recomputed distances)."""
     j = wp.tid()
     i = src[j]
     fr = schedule(p, em, ticks, slots.fire[i])
     ray = firing_ray(em, fr, pose_times, poses)
-    rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl)
+    rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl, members[j], sum_sr[j], sum_s[j],
+                                        sum_r[j])
     of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
     c = coords_from(p, measured_point(p, em, fr, ray, of, rng, slots.noise[i]))
     coords[0, j] = c[0]

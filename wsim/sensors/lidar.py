@@ -395,10 +395,24 @@ class Lidar:
             coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
             inten = wp.zeros(n, dtype=float, device=d, requires_grad=True)
             tape = wp.Tape()
+            count = wp.zeros(max(n, 1), dtype=wp.int32, device=d)
+            sums = [wp.zeros(max(n, 1), dtype=float, device=d, requires_grad=True) for _ in range(3)]
+            mem = None
+            if n and p.ray_type != 0:  # beams: every contribution of each delivered echo
+                end = wp.zeros(n, dtype=wp.int32, device=d)
+                args = [geo.geo, p, em, tt, pose_times, poses, refl, trans, slots, src]
+                wp.launch(K.echo_members_kernel, n, [*args, 0, end, count, _members(0, d)], device=d)
+                wp.utils.array_scan(count, end, inclusive=True)
+                total = int(end[n - 1:n].numpy()[0])
+                mem = _members(total, d)
+                wp.launch(K.echo_members_kernel, n, [*args, 1, end, count, mem], device=d)
             if n:
                 with tape:
+                    if mem is not None and mem.owner.shape[0]:
+                        wp.launch(K.echo_sums_kernel, mem.owner.shape[0],
+                                  [geo.geo, p, em, tt, pose_times, poses, refl, slots, src, mem], sums, device=d)
                     wp.launch(K.lidar_diff_kernel, n, [geo.geo, p, em, tt, pose_times, poses, float(ref_time),
-                                                        custom, refl, gain, slots, src],
+                                                        custom, refl, gain, slots, src, count, *sums],
                               [coords, inten], device=d)
             pc.channels["Coordinates"] = coords
             pc.channels["Intensity"] = inten
@@ -513,6 +527,13 @@ class Lidar:
         if cfg.number_of_emitters == self.config.number_of_emitters:
             out.gain = self.gain.copy()
         return out
+
+
+def _members(n: int, d) -> K.Members:
+    m = K.Members()
+    m.owner, m.subray, m.face, m.inst, m.material = (wp.zeros(n, dtype=wp.int32, device=d) for _ in range(5))
+    m.tau = wp.zeros(n, dtype=float, device=d)
+    return m
 
 
 def _alloc_slots(n: int, d) -> K.Slots:
