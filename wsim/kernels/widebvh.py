@@ -218,3 +218,194 @@ def bvh_nodes_kernel(id: wp.uint64, lo: wp.array[wp.vec3], hi: wp.array[wp.vec3]
                      ib: wp.array[int], leaf: wp.array[int], prim: wp.array[int]):
     """The binary BVH's node boxes, children / leaf ranges and primitive order."""
     _bvh_nodes(id, lo, hi, ia, ib, leaf, prim)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Native build of the 8-wide BVH straight from a CPU wp.Mesh's binary BVH (wsim.scene.widebvh): the same greedy
+# collapse as the reference (expand the child of largest surface area until 8 children; subtrees of at most 4
+# contiguous triangles become leaves), in O(nodes) without copying the binary tree out.
+
+_EXPAND = r"""
+// children of binary node n in the wide node: expand the non-leaf entry of largest surface area (the first of equal
+// ones) until `width` entries; the surface area is evaluated in float32 without FMA, as the reference collapse does
+auto area = [&](int e) -> float {
+#pragma clang fp contract(off)
+    float ex = U[e].x - L[e].x, ey = U[e].y - L[e].y, ez = U[e].z - L[e].z;
+    ex = ex > 0.0f ? ex : 0.0f;
+    ey = ey > 0.0f ? ey : 0.0f;
+    ez = ez > 0.0f ? ez : 0.0f;
+    return ex * ey + ey * ez + ez * ex;
+};
+auto expand = [&](int n, int* ents) -> int {
+    int ne = 2;
+    ents[0] = int(L[n].i);
+    ents[1] = int(U[n].i);
+    while (ne < width) {
+        int best = -1;
+        float ba = -1.0f;
+        for (int k = 0; k < ne; ++k) {
+            const int e = ents[k];
+            if (!EF[e]) {
+                const float a = area(e);
+                if (a > ba) { best = k; ba = a; }
+            }
+        }
+        if (best < 0) break;
+        const int e = ents[best];
+        for (int k = best; k < ne - 1; ++k) ents[k] = ents[k + 1];
+        ents[ne - 1] = int(L[e].i);
+        ents[ne] = int(U[e].i);
+        ++ne;
+    }
+    return ne;
+};
+"""
+
+_PLAN = r"""
+#if !defined(__CUDA_ARCH__)
+using namespace wp;
+Mesh m = mesh_get(id);
+const BVHPackedNodeHalf* L = m.bvh.node_lowers;
+const BVHPackedNodeHalf* U = m.bvh.node_uppers;
+const int root = *m.bvh.root;
+int* Q = queue.data;   // first the breadth-first order of all nodes, then the queue of wide nodes (binary ids)
+int* CN = cnt.data;
+int* ST = start.data;
+int* W = wid.data;     // first the end of each subtree's primitive range, then the wide id of each wide node
+unsigned char* EF = eff.data;
+int head = 0, tail = 0;
+Q[tail++] = root;
+while (head < tail) {
+    const int n = Q[head++];
+    if (!L[n].b) { Q[tail++] = int(L[n].i); Q[tail++] = int(U[n].i); }
+}
+int max_leaf_cnt = 0;
+for (int k = tail - 1; k >= 0; --k) {
+    const int n = Q[k];
+    int c, s, e;
+    if (L[n].b) {
+        s = int(L[n].i); e = int(U[n].i); c = e - s;
+        if (c > max_leaf_cnt) max_leaf_cnt = c;
+    } else {
+        const int a = int(L[n].i), b = int(U[n].i);
+        c = CN[a] + CN[b];
+        s = ST[a] < ST[b] ? ST[a] : ST[b];
+        e = W[a] > W[b] ? W[a] : W[b];
+    }
+    CN[n] = c; ST[n] = s; W[n] = e;
+    EF[n] = (unsigned char)(L[n].b || (c <= max_leaf && e - s == c));
+}
+""" + _EXPAND + r"""
+int nw = 0, depth = 0;
+if (EF[root]) {  // a tiny mesh: one wide node holding the single leaf
+    Q[0] = root;
+    nw = 1;
+    depth = 1;
+} else {
+    int qh = 0, qt = 0, lvl_end = 1, cur = 1;
+    Q[qt++] = root;
+    W[root] = 0;
+    int ents[8];
+    while (qh < qt) {
+        if (qh == lvl_end) { ++cur; lvl_end = qt; }
+        const int n = Q[qh++];
+        depth = cur;
+        const int ne = expand(n, ents);
+        for (int k = 0; k < ne; ++k) {
+            const int e = ents[k];
+            if (!EF[e]) { W[e] = qt; Q[qt++] = e; }
+        }
+    }
+    nw = qt;
+}
+meta.data[0] = nw;
+meta.data[1] = depth;
+meta.data[2] = max_leaf_cnt;
+meta.data[3] = EF[root];
+#endif
+"""
+
+_FILL = r"""
+#if !defined(__CUDA_ARCH__)
+using namespace wp;
+Mesh m = mesh_get(id);
+const BVHPackedNodeHalf* L = m.bvh.node_lowers;
+const BVHPackedNodeHalf* U = m.bvh.node_uppers;
+const unsigned char* EF = eff.data;
+""" + _EXPAND + r"""
+int ents[8];
+int ne;
+const int n = queue.data[w];
+if (single) { ents[0] = n; ne = 1; } else ne = expand(n, ents);
+float* B = boxes.data + (size_t)(node_off + w) * 48;
+int* C = child.data + (size_t)(node_off + w) * 8;
+for (int k = 0; k < 8; ++k) {
+    if (k < ne) {
+        const int e = ents[k];
+        B[k] = L[e].x; B[8 + k] = L[e].y; B[16 + k] = L[e].z;
+        B[24 + k] = U[e].x; B[32 + k] = U[e].y; B[40 + k] = U[e].z;
+        C[k] = EF[e] ? ~(((start.data[e] + tri_off) << 3) | (cnt.data[e] - 1)) : wid.data[e] + node_off;
+    } else {
+        B[k] = INFINITY; B[8 + k] = INFINITY; B[16 + k] = INFINITY;
+        B[24 + k] = -INFINITY; B[32 + k] = -INFINITY; B[40 + k] = -INFINITY;
+        C[k] = -1;
+    }
+}
+#endif
+"""
+
+
+@wp.func_native(_PLAN)
+def _wide_plan(id: wp.uint64, width: int, max_leaf: int, queue: wp.array[wp.int32], cnt: wp.array[wp.int32],
+               start: wp.array[wp.int32], wid: wp.array[wp.int32], eff: wp.array[wp.uint8],
+               meta: wp.array[wp.int32]): ...
+
+
+@wp.func_native(_FILL)
+def _wide_fill(id: wp.uint64, width: int, w: int, single: int, node_off: int, tri_off: int,
+               queue: wp.array[wp.int32], cnt: wp.array[wp.int32], start: wp.array[wp.int32],
+               wid: wp.array[wp.int32], eff: wp.array[wp.uint8], boxes: wp.array[float],
+               child: wp.array[wp.int32]): ...
+
+
+@wp.func_native("""
+#if !defined(__CUDA_ARCH__)
+return wp::mesh_get(id).bvh.primitive_indices[k];
+#else
+return 0;
+#endif
+""")
+def _prim_index(id: wp.uint64, k: int) -> int: ...
+
+
+@wp.kernel
+def wide_plan_kernel(id: wp.uint64, width: int, max_leaf: int, queue: wp.array[wp.int32], cnt: wp.array[wp.int32],
+                     start: wp.array[wp.int32], wid: wp.array[wp.int32], eff: wp.array[wp.uint8],
+                     meta: wp.array[wp.int32]):
+    """One thread: subtree sizes and leaf flags of the binary BVH, and the breadth-first list of wide nodes
+    (``meta`` = wide node count, depth, largest binary leaf, root-is-a-leaf)."""
+    _wide_plan(id, width, max_leaf, queue, cnt, start, wid, eff, meta)
+
+
+@wp.kernel
+def wide_fill_kernel(id: wp.uint64, width: int, single: int, node_off: int, tri_off: int,
+                     queue: wp.array[wp.int32], cnt: wp.array[wp.int32], start: wp.array[wp.int32],
+                     wid: wp.array[wp.int32], eff: wp.array[wp.uint8], offset: int, boxes: wp.array[float],
+                     child: wp.array[wp.int32]):
+    """Wide node ``tid``: its 8 child boxes and child references, written at ``node_off`` (children relocated by
+    ``node_off``, leaf ranges by ``tri_off``)."""
+    w = wp.tid() + offset
+    _wide_fill(id, width, w, single, node_off, tri_off, queue, cnt, start, wid, eff, boxes, child)
+
+
+@wp.kernel
+def wide_triangles_kernel(id: wp.uint64, points: wp.array[wp.vec3], indices: wp.array[wp.int32], tri_off: int,
+                          offset: int, v0: wp.array[wp.vec3], v1: wp.array[wp.vec3], v2: wp.array[wp.vec3],
+                          fid: wp.array[wp.int32]):
+    """The triangles in BVH order: their exact vertices and original face index, written at ``tri_off``."""
+    k = wp.tid() + offset
+    f = _prim_index(id, k)
+    v0[tri_off + k] = points[indices[f * 3]]
+    v1[tri_off + k] = points[indices[f * 3 + 1]]
+    v2[tri_off + k] = points[indices[f * 3 + 2]]
+    fid[tri_off + k] = f

@@ -131,8 +131,7 @@ class SceneGeometry:
 
     def _set_wide(self, geo: _trace.SceneGeo) -> None:
         """Attach the static mesh's 8-wide BVH (CPU) to ``geo``, or switch it off (CUDA, or a mesh it can't serve)."""
-        w = build_wide_bvh(self.static_mesh, self.static_mesh.points.numpy(), self.scene.static.indices) \
-            if self._wide else None
+        w = build_wide_bvh(self.static_mesh) if self._wide else None
         geo.use_wide = 0 if w is None else 1
         if w is None:
             w = {k: wp.zeros(1, dtype=dt, device=self.device) for k, dt in (
@@ -229,38 +228,71 @@ class SceneGeometry:
         self.time_window = window
 
     def _swept_bounds(self, window: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
-        lows, highs = [], []
-        for inst, (blo, bhi) in zip(self.instances, self._local_bounds):
+        """World bounds (float32 lows, highs) of each instance's local box swept over its key segments inside
+        ``window`` (None: all keys): corners at 4 sub-steps per segment, padded by the arc between them; all
+        instances' segments in one vectorised pass."""
+        insts = self.instances
+        n = len(insts)
+        counts = np.array([len(i.times) for i in insts])
+        koff = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        q_all = np.concatenate([np.asarray(i.rotations, np.float64).reshape(-1, 4) for i in insts])
+        s_all = np.concatenate([np.asarray(i.scales, np.float64).reshape(-1, 3) for i in insts])
+        t_all = np.concatenate([np.asarray(i.translations, np.float64).reshape(-1, 3) for i in insts])
+        blo = np.array([b[0] for b in self._local_bounds])
+        bhi = np.array([b[1] for b in self._local_bounds])
+        corners = np.stack([np.stack([blo[:, 0] if x == 0 else bhi[:, 0], blo[:, 1] if y == 0 else bhi[:, 1],
+                                      blo[:, 2] if z == 0 else bhi[:, 2]], -1)
+                            for x in (0, 1) for y in (0, 1) for z in (0, 1)], 1)  # (n, 8, 3)
+        seg_a, seg_inst, one_k, one_inst = [], [], [], []
+        for idx, inst in enumerate(insts):
             ts = inst.times
             if window is None or len(ts) == 1:
-                sel = np.arange(len(ts))
+                i0, i1 = 0, len(ts) - 1
             else:
                 t0, t1 = window
                 i0 = max(0, int(np.searchsorted(ts, t0, side="right")) - 1)
                 i1 = min(len(ts) - 1, int(np.searchsorted(ts, t1, side="left")))
-                sel = np.arange(i0, i1 + 1)
-            corners = np.array([[x, y, z] for x in (blo[0], bhi[0]) for y in (blo[1], bhi[1])
-                                for z in (blo[2], bhi[2])])
-            pts, pad = [], 0.0
+            if i1 == i0:
+                one_k.append(koff[idx] + i0)
+                one_inst.append(idx)
+            else:
+                seg_a.append(np.arange(i0, i1) + koff[idx])
+                seg_inst.append(np.full(i1 - i0, idx))
+        lo = np.full((n, 3), np.inf)
+        hi = np.full((n, 3), -np.inf)
+        pad = np.zeros(n)
+        big = np.zeros(n)
+
+        def accumulate(p: np.ndarray, owner: np.ndarray) -> None:  # p (m, k, 3) points of instance owner (m,)
+            np.minimum.at(lo, owner, p.min(1))
+            np.maximum.at(hi, owner, p.max(1))
+            np.maximum.at(big, owner, np.abs(p).max((1, 2)))
+
+        if seg_a:
+            a = np.concatenate(seg_a)
+            b = a + 1
+            own = np.concatenate(seg_inst)
+            qa, qb = q_all[a], q_all[b]
             sub = 4  # sub-steps per key segment; the arc between them is covered by ``pad``
-            for a, b in zip(sel[:-1], sel[1:]):
-                qa, qb = inst.rotations[a], inst.rotations[b]
-                ang = 2 * np.arccos(min(1.0, abs(float(np.dot(qa, qb)))))
-                rad = float(np.linalg.norm(corners, axis=1).max() * np.abs(inst.scales[[a, b]]).max())
-                pad = max(pad, rad * (1 - np.cos(ang / sub / 2)))
-                for s in np.linspace(0, 1, sub + 1):
-                    q = quat_slerp(qa, qb, s)
-                    sc = (1 - s) * inst.scales[a] + s * inst.scales[b]
-                    tr = (1 - s) * inst.translations[a] + s * inst.translations[b]
-                    pts.append((corners * sc) @ quat_to_matrix(q).T + tr)
-            if len(sel) == 1:
-                k = sel[0]
-                pts.append((corners * inst.scales[k]) @ quat_to_matrix(inst.rotations[k]).T + inst.translations[k])
-            p = np.concatenate(pts)
-            eps = 1e-4 * (1.0 + np.abs(p).max())
-            lows.append(p.min(0) - pad - eps)
-            highs.append(p.max(0) + pad + eps)
-        return np.asarray(lows, np.float32), np.asarray(highs, np.float32)
+            ang = 2 * np.arccos(np.minimum(1.0, np.abs(np.sum(qa * qb, -1))))
+            rad = np.linalg.norm(corners[own], axis=2).max(1) * np.maximum(np.abs(s_all[a]).max(1),
+                                                                            np.abs(s_all[b]).max(1))
+            np.maximum.at(pad, own, rad * (1 - np.cos(ang / sub / 2)))
+            f = np.linspace(0, 1, sub + 1)
+            q = quat_slerp(qa[:, None], qb[:, None], f[None, :])  # (m, 5, 4)
+            sc = (1 - f)[None, :, None] * s_all[a][:, None] + f[None, :, None] * s_all[b][:, None]
+            tr = (1 - f)[None, :, None] * t_all[a][:, None] + f[None, :, None] * t_all[b][:, None]
+            v = corners[own][:, None] * sc[:, :, None]  # (m, 5, 8, 3)
+            p = np.einsum("mscj,msij->msci", v, quat_to_matrix(q)) + tr[:, :, None]
+            accumulate(p.reshape(len(a), -1, 3), own)
+        if one_k:
+            k = np.asarray(one_k)
+            own = np.asarray(one_inst)
+            v = corners[own] * s_all[k][:, None]
+            p = np.einsum("mcj,mij->mci", v, quat_to_matrix(q_all[k])) + t_all[k][:, None]
+            accumulate(p, own)
+        eps = 1e-4 * (1.0 + big)
+        return ((lo - (pad + eps)[:, None]).astype(np.float32), (hi + (pad + eps)[:, None]).astype(np.float32))
 
     def trace(
         self,

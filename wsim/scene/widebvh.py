@@ -96,23 +96,92 @@ def collapse(b: dict, width: int = WIDTH, max_leaf: int = MAX_LEAF) -> dict:
     return dict(boxes=boxes, child=child, depth=depth)
 
 
-def build_wide_bvh(mesh: wp.Mesh, points: np.ndarray, indices: np.ndarray) -> dict | None:
-    """Device arrays (CPU) of the 8-wide BVH of a CPU ``wp.Mesh`` (built from ``points`` (N, 3) and ``indices``
-    (M, 3)), or None where the wide traversal cannot serve it (deeper than its stack, more faces than a float holds)."""
-    if len(indices) == 0 or len(indices) >= 1 << 24:
+class _Plan:
+    """The first pass of the native build over one CPU ``wp.Mesh``: per binary node its subtree's triangle count,
+    first triangle and leaf flag, and the breadth-first list of the wide nodes (scratch kept for :func:`_fill`)."""
+
+    def __init__(self, mesh: wp.Mesh, width: int = WIDTH, max_leaf: int = MAX_LEAF) -> None:
+        meta = wp.zeros(4, dtype=int, device="cpu")
+        wp.launch(_kw.bvh_meta_kernel, 1, inputs=[mesh.id, meta], device="cpu")
+        nn = int(meta.numpy()[0])
+        z = lambda dt: wp.empty(nn, dtype=dt, device="cpu")  # noqa: E731
+        self.mesh, self.width = mesh, width
+        self.queue, self.cnt, self.start, self.wid, self.eff = z(wp.int32), z(wp.int32), z(wp.int32), z(wp.int32), \
+            z(wp.uint8)
+        out = wp.zeros(4, dtype=wp.int32, device="cpu")
+        wp.launch(_kw.wide_plan_kernel, 1, inputs=[mesh.id, width, max_leaf, self.queue, self.cnt, self.start,
+                                                   self.wid, self.eff, out], device="cpu")
+        self.num_nodes, self.depth, self.max_leaf_count, self.single = (int(x) for x in out.numpy())
+        self.num_tris = int(mesh.indices.shape[0]) // 3
+
+    def usable(self) -> bool:
+        """Whether the wide traversal can serve this tree (its stack, the 3-bit leaf count, float-exact faces)."""
+        return (0 < self.num_tris < 1 << 24 and self.max_leaf_count <= 8
+                and self.depth * (self.width - 1) + 1 <= _kw.WIDE_STACK)
+
+    def fill(self, out: dict, node_off: int = 0, tri_off: int = 0) -> None:
+        """Write the wide nodes and the reordered triangles into ``out`` (boxes, child, v0, e1, e2, fid) at
+        ``node_off`` / ``tri_off``, child references relocated accordingly."""
+        from .. import launch as _launch
+
+        m = self.mesh
+        _launch.launch(_kw.wide_fill_kernel, self.num_nodes,
+                       [m.id, self.width, self.single, node_off, tri_off, self.queue, self.cnt, self.start,
+                        self.wid, self.eff], [out["boxes"], out["child"]], device="cpu")
+        _launch.launch(_kw.wide_triangles_kernel, self.num_tris, [m.id, m.points, m.indices, tri_off],
+                       [out["v0"], out["e1"], out["e2"], out["fid"]], device="cpu")
+
+
+def _alloc(num_nodes: int, num_tris: int, width: int = WIDTH) -> dict:
+    e = lambda n, dt: wp.empty(max(n, 1), dtype=dt, device="cpu")  # noqa: E731
+    return dict(boxes=e(num_nodes * 6 * width, float), child=e(num_nodes * width, wp.int32),
+                v0=e(num_tris, wp.vec3), e1=e(num_tris, wp.vec3), e2=e(num_tris, wp.vec3), fid=e(num_tris, wp.int32))
+
+
+def build_wide_bvh(mesh: wp.Mesh, points: np.ndarray | None = None, indices: np.ndarray | None = None) -> dict | None:
+    """Device arrays (CPU) of the 8-wide BVH of a CPU ``wp.Mesh``, or None where the wide traversal cannot serve it
+    (deeper than its stack, more faces than a float holds). Built natively from the mesh's binary BVH (the same tree
+    as :func:`collapse`); the triangles' vertices are the mesh's own (``points`` / ``indices`` are not needed and
+    only kept for older callers)."""
+    if mesh.indices.shape[0] == 0 or mesh.indices.shape[0] // 3 >= 1 << 24:
         return None
-    b = export_bvh(mesh)
-    w = collapse(b)
-    if w["depth"] * (WIDTH - 1) + 1 > _kw.WIDE_STACK:
+    plan = _Plan(mesh)
+    if not plan.usable():
         return None
-    order = b["prim"]
-    f = np.asarray(indices)[order]
-    p = np.asarray(points, np.float32)
-    v0 = p[f[:, 0]]
-    arr = lambda a, dt: wp.array(np.ascontiguousarray(a), dtype=dt, device="cpu")  # noqa: E731
     # the three vertices exactly as the mesh has them (edges rebuilt as v0 + (v1 − v0) are rounded, and two triangles
     # sharing an edge would then disagree on it: the watertight test needs the very same coordinates); the keys
     # e1/e2 name the SceneGeo fields they fill
-    return dict(boxes=arr(w["boxes"].reshape(-1), float), child=arr(w["child"].reshape(-1), wp.int32),
-                v0=arr(v0, wp.vec3), e1=arr(p[f[:, 1]], wp.vec3), e2=arr(p[f[:, 2]], wp.vec3),
-                fid=arr(order.astype(np.int32), wp.int32))
+    out = _alloc(plan.num_nodes, plan.num_tris)
+    plan.fill(out)
+    return out
+
+
+def build_wide_pool(meshes: list) -> tuple[dict, list[int]] | None:
+    """One set of wide-BVH arrays holding the 8-wide BVHs of several CPU meshes (the instance prototypes) one after
+    another, and each mesh's root node (−1: traced by ``mesh_query_ray``, e.g. None or a tree too deep). None where no
+    mesh can be served."""
+    plans = []
+    for m in meshes:
+        p = None
+        if m is not None and 0 < m.indices.shape[0] // 3 < 1 << 24:
+            p = _Plan(m)
+            if not p.usable():
+                p = None
+        plans.append(p)
+    if not any(plans):
+        return None
+    nodes = sum(p.num_nodes for p in plans if p)
+    tris = sum(p.num_tris for p in plans if p)
+    if tris >= 1 << 24:
+        return None
+    out = _alloc(nodes, tris)
+    roots, node_off, tri_off = [], 0, 0
+    for p in plans:
+        if p is None:
+            roots.append(-1)
+            continue
+        p.fill(out, node_off, tri_off)
+        roots.append(node_off)
+        node_off += p.num_nodes
+        tri_off += p.num_tris
+    return out, roots
