@@ -7,7 +7,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 import warp as wp
 
 from .pose import difference_window, sample_keys
-from .widebvh import wide_closest
+from .widebvh import wide_closest, wide_closest_from
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -81,6 +81,14 @@ class SceneGeo:
     wide_e1: wp.array[wp.vec3]
     wide_e2: wp.array[wp.vec3]
     wide_fid: wp.array[wp.int32]
+    # the prototypes' 8-wide BVHs in one pool (CPU only): root wide node per instance, -1 keeps mesh_query_ray
+    inst_wide_root: wp.array[wp.int32]
+    proto_wide_boxes: wp.array[float]
+    proto_wide_child: wp.array[wp.int32]
+    proto_wide_v0: wp.array[wp.vec3]
+    proto_wide_v1: wp.array[wp.vec3]
+    proto_wide_v2: wp.array[wp.vec3]
+    proto_wide_fid: wp.array[wp.int32]
 
 
 @wp.func
@@ -147,15 +155,32 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
             inv = wp.quat_inverse(xf.rot)
             lo = wp.cw_div(wp.quat_rotate(inv, start - xf.pos), xf.scale)
             ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
-            q = wp.mesh_query_ray(geo.inst_mesh[idx], lo, ld, best_t - t_min)
-            if q.result:
-                best_t = t_min + q.t
-                best_face = q.face
-                best_inst = idx
-                bu = q.u
-                bv = q.v
-                # normals transform with the inverse transpose of R·S, i.e. R·S⁻¹
-                bn = wp.quat_rotate(xf.rot, wp.cw_div(q.normal, xf.scale))
+            root = geo.inst_wide_root[idx]
+            if root >= 0:
+                w = wide_closest_from(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0,
+                                      geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld,
+                                      best_t - t_min)
+                if w[1] >= 0.0:
+                    best_t = t_min + w[0]
+                    best_face = int(w[1])
+                    best_inst = idx
+                    bu = w[2]
+                    bv = w[3]
+                    m = wp.mesh_get(geo.inst_mesh[idx])
+                    a = m.points[m.indices[best_face * 3]]
+                    ln = wp.normalize(wp.cross(m.points[m.indices[best_face * 3 + 1]] - a,
+                                               m.points[m.indices[best_face * 3 + 2]] - a))
+                    bn = wp.quat_rotate(xf.rot, wp.cw_div(ln, xf.scale))
+            else:
+                q = wp.mesh_query_ray(geo.inst_mesh[idx], lo, ld, best_t - t_min)
+                if q.result:
+                    best_t = t_min + q.t
+                    best_face = q.face
+                    best_inst = idx
+                    bu = q.u
+                    bv = q.v
+                    # normals transform with the inverse transpose of R·S, i.e. R·S⁻¹
+                    bn = wp.quat_rotate(xf.rot, wp.cw_div(q.normal, xf.scale))
     if best_face < 0:
         h = miss()
         h.time = time

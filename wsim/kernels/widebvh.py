@@ -174,6 +174,16 @@ def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array
     ...
 
 
+
+@wp.func_native(_TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
+def wide_closest_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
+                      v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int,
+                      org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
+    """:func:`wide_closest` from wide node ``root`` of a pool of several trees (the instance prototypes': child
+    references and leaf ranges absolute in the pool, faces local to the tree's mesh). ``dir`` need not be unit
+    length (an instance's ray in its prototype's frame): t is in units of ``dir``."""
+    ...
+
 @wp.func_native("""
 #if !defined(__CUDA_ARCH__)
 using namespace wp;

@@ -13,7 +13,7 @@ import warp as wp
 from .. import launch as _launch
 from ..kernels import trace as _trace
 from .scene import Scene, set_device_geometry_builder
-from .widebvh import build_wide_bvh
+from .widebvh import build_wide_bvh, build_wide_pool
 from .transforms import quat_slerp, quat_to_matrix
 
 BVH_LEAF_SIZE = 2  # measured best for closest-hit rays on the CPU (SAH); see benchmarks/raycast.py
@@ -58,7 +58,8 @@ class SceneGeometry:
         device: Warp device ("cpu", "cuda:0", ...).
         bvh_constructor: "sah", "lbvh", "median" or "cubql" (default: sah on CPU, lbvh on CUDA).
         leaf_size: BVH leaf size of the static and prototype meshes.
-        wide: On the CPU, trace the static mesh through an 8-wide BVH (default :data:`WIDE_BVH`).
+        wide: On the CPU, trace the static mesh and the instance prototypes through 8-wide BVHs (default
+            :data:`WIDE_BVH`).
     """
 
     def __init__(self, scene: Scene, device: str | None = None, *, bvh_constructor: str | None = None,
@@ -78,13 +79,12 @@ class SceneGeometry:
             return msh
 
         geo = _trace.SceneGeo()
+        self._wide = wide and not self.device.is_cuda
         if scene.static.num_triangles:
             self.static_mesh = mesh(scene.static)
             geo.static_mesh = self.static_mesh.id
             geo.static_tri_part = wp.array(scene.static.tri_part, dtype=wp.int32, device=d)
-            self._wide = wide and not self.device.is_cuda
         else:
-            self._wide = False
             self.static_mesh = None
             geo.static_mesh = wp.uint64(0)
             geo.static_tri_part = wp.zeros(1, dtype=wp.int32, device=d)
@@ -117,6 +117,7 @@ class SceneGeometry:
         ]
         self._build_tlas(geo, None)
         self._set_wide(geo)
+        self._set_proto_wide(geo)
         self.geo = geo
 
     @classmethod
@@ -131,7 +132,7 @@ class SceneGeometry:
 
     def _set_wide(self, geo: _trace.SceneGeo) -> None:
         """Attach the static mesh's 8-wide BVH (CPU) to ``geo``, or switch it off (CUDA, or a mesh it can't serve)."""
-        w = build_wide_bvh(self.static_mesh) if self._wide else None
+        w = build_wide_bvh(self.static_mesh) if self._wide and self.static_mesh is not None else None
         geo.use_wide = 0 if w is None else 1
         if w is None:
             w = {k: wp.zeros(1, dtype=dt, device=self.device) for k, dt in (
@@ -139,6 +140,25 @@ class SceneGeometry:
                 ("fid", wp.int32))}
         for k, v in w.items():
             setattr(geo, "wide_" + k, v)
+
+    def _set_proto_wide(self, geo: _trace.SceneGeo) -> None:
+        """Attach the prototypes' 8-wide BVHs (one pool, CPU) and each instance's root in it to ``geo``; −1 roots
+        (CUDA, or a prototype the wide traversal can't serve) keep ``mesh_query_ray``."""
+        d = self.device
+        pool = build_wide_pool(self.prototype_meshes) if self._wide and self.instances else None
+        if pool is None:
+            roots = [-1] * len(self.prototype_meshes)
+            w = {k: wp.zeros(1, dtype=dt, device=d) for k, dt in (
+                ("boxes", float), ("child", wp.int32), ("v0", wp.vec3), ("e1", wp.vec3), ("e2", wp.vec3),
+                ("fid", wp.int32))}
+        else:
+            w, roots = pool
+        self._proto_wide_roots = roots
+        geo.inst_wide_root = wp.array([roots[i.prototype] for i in self.instances] or [-1], dtype=wp.int32,
+                                      device=d)
+        for k, name in (("boxes", "boxes"), ("child", "child"), ("v0", "v0"), ("e1", "v1"), ("e2", "v2"),
+                        ("fid", "fid")):
+            setattr(geo, "proto_wide_" + name, w[k])
 
     def refit_static(self) -> None:
         """After editing the static mesh's points in place (``static_mesh.points``): refit its BVH and rebuild the
