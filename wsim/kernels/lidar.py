@@ -1116,8 +1116,11 @@ def lidar_diff_kernel(
     i = src[j]
     fr = schedule(p, em, ticks, slots.fire[i])
     ray = firing_ray(em, fr, pose_times, poses)
-    rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl, members[j], sum_sr[j], sum_s[j],
-                                        sum_r[j])
+    k = int(0)  # idealized rays: the per-echo sums are not used (1-element placeholders)
+    if p.ray_type != RAY_IDEALIZED:
+        k = j
+    rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl, members[k], sum_sr[k], sum_s[k],
+                                        sum_r[k])
     of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
     c = coords_from(p, measured_point(p, em, fr, ray, of, rng, slots.noise[i]))
     coords[0, j] = c[0]

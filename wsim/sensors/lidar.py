@@ -395,8 +395,9 @@ class Lidar:
             coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
             inten = wp.zeros(n, dtype=float, device=d, requires_grad=True)
             tape = wp.Tape()
-            count = wp.zeros(max(n, 1), dtype=wp.int32, device=d)
-            sums = [wp.zeros(max(n, 1), dtype=float, device=d, requires_grad=True) for _ in range(3)]
+            m = max(n, 1) if p.ray_type != 0 else 1  # per-echo member count and sums: beams only
+            count = wp.zeros(m, dtype=wp.int32, device=d)
+            sums = [wp.zeros(m, dtype=float, device=d, requires_grad=True) for _ in range(3)]
             mem = None
             if n and p.ray_type != 0:  # beams: every contribution of each delivered echo
                 end = wp.zeros(n, dtype=wp.int32, device=d)
