@@ -249,6 +249,24 @@ def test_project_far_from_origin_matches_origin(device, shutter):
     np.testing.assert_allclose(far[2][ok], ref[2][ok], atol=1e-9)
 
 
+@pytest.mark.parametrize("offset", [np.zeros(3), FAR])
+def test_object_frame_points_project_like_their_world_points(device, offset):
+    """Points given in a moving object's frame (point_object / object_poses) land where the same points in world
+    coordinates do, near the origin and far from it (the object's pose carries the shift, its points do not)."""
+    lens = OpenCVPinholeLens(1920, 1080, 961.3, 540.2, 1800.0, 1801.0)
+    cam = Camera(lens, shutter="GLOBAL", device=device)
+    rng = np.random.default_rng(3)
+    local = np.column_stack([rng.uniform(-2.0, 2.0, 500), rng.uniform(-1.0, 1.0, 500), rng.uniform(0.0, 1.5, 500)])
+    car = offset + [30.0, 1.0, 0.0]  # a car 30 m ahead, not rotated, still over the frame
+    poses = _moving_poses(offset)
+    world = cam.project(local + car, 0.0, 0.033, *poses).numpy()
+    obj = cam.project(local, 0.0, 0.033, *poses, point_object=np.zeros(len(local), np.int32),
+                      object_poses=[[[*car, 0, 0, 0, 1], [*car, 0, 0, 0, 1]]]).numpy()
+    assert world[3].all()
+    np.testing.assert_array_equal(obj[3], world[3])
+    assert np.abs(obj[0] - world[0]).max() < 1e-3
+
+
 def _plane_scene(offset: np.ndarray):
     from wsim.scene import Material, MeshData, Part, Scene
 

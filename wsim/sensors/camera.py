@@ -361,7 +361,13 @@ class Camera:
             a = np.asarray(points_world, np.float64).reshape(-1, 3)
             if not np.all(np.isfinite(a)):
                 raise ValueError("points_world: non-finite point")
-            pts, pts_origin = wp.array((a - origin).astype(np.float32), dtype=wp.vec3, device=d), zero
+            world = np.ones(len(a), bool)  # points in an object's frame are not shifted: its pose is
+            if point_object is not None and not isinstance(point_object, wp.array):
+                world = np.asarray(point_object).reshape(-1) < 0
+            elif point_object is not None:
+                world = point_object.numpy().reshape(-1) < 0
+            a = a - np.where(world[:, None], origin, 0.0)
+            pts, pts_origin = wp.array(a.astype(np.float32), dtype=wp.vec3, device=d), zero
         n = pts.shape[0]
         if point_object is None:
             obj = wp.full(max(n, 1), -1, dtype=wp.int32, device=d)
