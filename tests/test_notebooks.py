@@ -2,7 +2,8 @@
 
 Each notebook in ``notebooks/`` is executed (a copy, in a temporary directory: the committed files with their outputs
 stay untouched) with the ``python3`` kernel, and the ``RESULT {...}`` line its last cell prints is checked against
-the targets of the autodiff issue, so a regression of the final errors fails the test. Each notebook takes about a
+thresholds within 2× of the results the README states (and no looser than the autodiff issue's targets), so a
+regression of the final errors fails the test. Each notebook takes about a
 minute on 2 CPU cores; they are marked ``notebooks`` (``./dev.sh test --fast`` deselects them).
 """
 
@@ -39,20 +40,23 @@ def run_notebook(name: str, tmp_path: Path) -> dict:
 def test_lidar_extrinsic_calibration(tmp_path):
     r = run_notebook("lidar_extrinsic_calibration.ipynb", tmp_path)
     assert r["start_rot_err_deg"] >= 2.0 - 1e-6 and r["start_trans_err_mm"] >= 100.0 - 1e-3
-    assert r["rot_err_deg"] < 0.02, r
-    assert r["trans_err_mm"] < 2.0, r
+    # README: 0.00036° / 0.25 mm
+    assert r["rot_err_deg"] < 0.0007, r
+    assert r["trans_err_mm"] < 0.5, r
 
 
 def test_lidar_intrinsics_and_intensity(tmp_path):
     r = run_notebook("lidar_intrinsics_and_intensity.ipynb", tmp_path)
     assert r["channels"] == 128 and r["materials_observed"] >= 20, r
+    # README: 0.0011° rms (0.0087° max), 0.16 % max
     assert r["el_err_rms_deg"] < 0.002, r  # 2 % of the 0.1° perturbation
-    assert r["el_err_max_deg"] < 0.005, r
-    assert r["refl_err_max_pct"] < 2.0, r
+    assert r["el_err_max_deg"] < 0.005, r  # the notebook's own target (missed at present: 0.0087°)
+    assert r["refl_err_max_pct"] < 0.3, r
 
 
 def test_camera_lidar_calibration(tmp_path):
     r = run_notebook("camera_lidar_calibration.ipynb", tmp_path)
-    assert r["rot_err_deg"] < 0.02, r
+    # README: 0.0010° / 1.7 mm / 0.49 ms
+    assert r["rot_err_deg"] < 0.002, r
     assert r["trans_err_mm"] < 2.0, r
     assert r["readout_err_ms"] < 0.5, r  # 2 % of the 25 ms readout
