@@ -3,8 +3,8 @@
 Each notebook in ``notebooks/`` is executed (a copy, in a temporary directory: the committed files with their outputs
 stay untouched) with the ``python3`` kernel, and the ``RESULT {...}`` line its last cell prints is checked against
 thresholds within 2× of the results the README states (and no looser than the autodiff issue's targets), so a
-regression of the final errors fails the test. Each notebook takes about a
-minute on 2 CPU cores; they are marked ``notebooks`` (``./dev.sh test --fast`` deselects them).
+regression of the final errors fails the test. Each notebook takes 1.5–2.5 minutes on 2
+shared CPU cores; they are marked ``notebooks`` (``./dev.sh test --fast`` deselects them).
 """
 
 from __future__ import annotations
