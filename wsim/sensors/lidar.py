@@ -14,6 +14,7 @@ import warp as wp
 
 from .. import launch as _launch
 from ..kernels import lidar as K
+from ..kernels import lidar_diff as KD
 from ..scene.scene import Scene, Trajectory
 from ..scene.transforms import compose_matrix, decompose_matrix, interpolate_pose
 from .lidar_config import (
@@ -402,17 +403,17 @@ class Lidar:
             if n and p.ray_type != 0:  # beams: every contribution of each delivered echo
                 end = wp.zeros(n, dtype=wp.int32, device=d)
                 args = [geo.geo, p, em, tt, pose_times, poses, refl, trans, slots, src]
-                wp.launch(K.echo_members_kernel, n, [*args, 0, end, count, _members(0, d)], device=d)
+                wp.launch(KD.echo_members_kernel, n, [*args, 0, end, count, _members(0, d)], device=d)
                 wp.utils.array_scan(count, end, inclusive=True)
                 total = int(end[n - 1:n].numpy()[0])
                 mem = _members(total, d)
-                wp.launch(K.echo_members_kernel, n, [*args, 1, end, count, mem], device=d)
+                wp.launch(KD.echo_members_kernel, n, [*args, 1, end, count, mem], device=d)
             if n:
                 with tape:
                     if mem is not None and mem.owner.shape[0]:
-                        wp.launch(K.echo_sums_kernel, mem.owner.shape[0],
+                        wp.launch(KD.echo_sums_kernel, mem.owner.shape[0],
                                   [geo.geo, p, em, tt, pose_times, poses, refl, slots, src, mem], sums, device=d)
-                    wp.launch(K.lidar_diff_kernel, n, [geo.geo, p, em, tt, pose_times, poses, float(ref_time),
+                    wp.launch(KD.lidar_diff_kernel, n, [geo.geo, p, em, tt, pose_times, poses, float(ref_time),
                                                         custom, refl, gain, slots, src, count, *sums],
                               [coords, inten], device=d)
             pc.channels["Coordinates"] = coords
