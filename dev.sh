@@ -4,7 +4,7 @@
 #   ./dev.sh demo [wsim demo options]       wsim alone (no PyTorch, no test tools); renders the built-in street
 #                                            scene into ./out and prints a summary
 #   ./dev.sh test [--fast] [pytest options] wsim with its test extras (PyTorch first, pinned); runs the test suite
-#                                            (--fast: without the notebooks and the fresh-install check)
+#                                            (--fast: without the notebooks, the fresh-install check and the slow tests)
 #   ./dev.sh bench [script]                 the test set plus the bench extras; runs benchmarks/<script>.py
 #   ./dev.sh install demo|test|bench        installs only
 # Environment:
@@ -59,7 +59,7 @@ install() {  # install demo|test|bench
   "${PIP[@]}" show wsim >/dev/null 2>&1 && q=(-q)
   case "$what" in
     demo)
-      echo "dev.sh: installing wsim and its dependencies (Warp, USD, gRPC, NumPy: about 210 MB to download, once)" \
+      echo "dev.sh: installing wsim and its dependencies (Warp, USD, gRPC, NumPy, trimesh, MCAP: about 230 MB of wheels, once)" \
            "into $VENV"
       "${PIP[@]}" install ${q[@]+"${q[@]}"} -e . ;;
     test)
@@ -90,11 +90,11 @@ case "$cmd" in
       esac
     done
     if [ $fast = 1 ]; then
-      args=(-m "not notebooks and not install" ${args[@]+"${args[@]}"})
-      [ $selected = 1 ] || echo "dev.sh: fast test suite (no notebooks, no fresh-install check): about 1 min on 2 CPU cores"
+      args=(-m "not notebooks and not install and not slow" ${args[@]+"${args[@]}"})
+      [ $selected = 1 ] || echo "dev.sh: fast test suite (no notebooks, no fresh-install check, no slow tests): about 1 min on 2 CPU cores"
     elif [ $selected = 0 ]; then
-      echo "dev.sh: full test suite: about 4 min on 2 CPU cores (3 of them the notebooks; a first run also compiles" \
-           "Warp's kernels); ./dev.sh test --fast skips the notebooks and the fresh-install check (about 1 min)"
+      echo "dev.sh: full test suite: about 5 min on 2 CPU cores (3 of them the notebooks; a first run also compiles" \
+           "Warp's kernels); ./dev.sh test --fast skips the notebooks, the fresh-install check and the slow tests (about 1 min)"
     fi
     exec "$VENV/bin/python" -m pytest ${args[@]+"${args[@]}"} ;;
   bench) install bench && exec "$VENV/bin/python" "benchmarks/${1:-raycast}.py" "${@:2}" ;;

@@ -189,6 +189,7 @@ def _stamp_fresh(name: str) -> bool:
     return stamp.exists() and stamp.stat().st_mtime >= (ROOT / "pyproject.toml").stat().st_mtime
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="dev.sh needs bash")
 def test_dev_sh_test_fast_skips_the_notebooks():
     if not (_stamp_fresh("test") and Path(sys.prefix).resolve() == (ROOT / ".venv").resolve()):

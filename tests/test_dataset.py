@@ -61,6 +61,7 @@ def serial(tmp_path_factory, builtin):
     return root
 
 
+@pytest.mark.slow
 def test_serial_two_workers_and_ray_give_identical_bytes(serial, tmp_path):
     ref = digest(serial)
     seq = "wsim-street-block/default"

@@ -46,6 +46,8 @@ from wsim.grpc.stubs import ipc_pb2
 from wsim.grpc.stubs import sensorsim_pb2 as S
 from wsim.grpc.stubs import sensorsim_pb2_grpc as SG
 
+pytestmark = pytest.mark.slow  # about 30 s of fuzzing: ./dev.sh test --fast skips it
+
 SERVICE = S.DESCRIPTOR.services_by_name["SensorsimService"]
 SHIPPED = ROOT / "wsim" / "data" / "street_block.usdz"
 

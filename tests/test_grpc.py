@@ -620,6 +620,7 @@ def _start_serve(args: list[str], env: dict) -> tuple[subprocess.Popen, str, lis
     raise AssertionError("wsim serve exited before listening:\n" + "".join(lines))
 
 
+@pytest.mark.slow
 def test_fresh_server_answers_its_first_requests_as_fast_as_its_tenth(tmp_path, scene):
     """A fresh `wsim serve` (empty Warp kernel cache, as on a new machine) compiles and loads every kernel and builds
     the scene's BVHs before it listens: its first render_lidar and render_rgb take < 3x its tenth."""

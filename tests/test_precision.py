@@ -65,6 +65,7 @@ def _strided_pixels() -> np.ndarray:
     return np.concatenate([px[::4, ::4].reshape(-1, 2), border])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fx, edge", [(1459.1, False), (1313.2, True)], ids=["fov100", "edge_of_validity"])
 def test_pinhole_12_coefficients_4k_round_trip_every_pixel(device, fx, edge):
     lens = _lens_4k(fx)
