@@ -28,6 +28,7 @@ ROOMS: dict[str, tuple[str, int]] = {
     "wsim.autodiff": ("autodiff", 4),  # autograd bridges over wp.Tape (torch)
     "wsim.torch": ("autodiff", 4),    # the torch-facing names of wsim.autodiff
     "wsim.grpc": ("grpc", 4),         # protos, stubs, servicer, server
+    "wsim.dataset": ("dataset", 4),   # wsim dataset: specs, shards, workers / Ray, MCAP and folder writers
     "wsim.cli": ("cli", 5),           # the wsim command
 }
 
@@ -38,6 +39,9 @@ CONFINED: dict[str, set[str]] = {
     "grpc_tools": {"grpc"},
     "google.protobuf": {"grpc"},  # protobuf types never leave wsim/grpc
     "torch": {"autodiff"},
+    "mcap": {"dataset"},
+    "foxglove": {"dataset"},
+    "ray": {"dataset"},
 }
 
 #: Function-local imports of a confined package outside its rooms, each with the reason it may stay.
