@@ -26,15 +26,16 @@ import warp as wp
 # re-exported: the host side reads the tables and records through this module
 from .lidar_types import (  # noqa: F401
     LidarParams, EmitterTable, TickTable, Slots, Firing, FiringRay, Contributions, Peaks, Echoes, OutputFrame,
-    Return, Members, MAX_CONTRIB, MAX_ECHOES, vec64f, vec64i, vec8f, vec8i, FLAG_VALID, FLAG_NEW_SCAN, RETRO_GAIN,
-    RAY_IDEALIZED, RAY_GAUSSIAN, RAY_UNIFORM, FRAME_SENSOR, FRAME_WORLD, FRAME_CUSTOM,
+    FiringPose, Return, Members, MAX_CONTRIB, MAX_ECHOES, vec64f, vec64i, vec8f, vec8i, FLAG_VALID, FLAG_NEW_SCAN, RETRO_GAIN,
+    RAY_IDEALIZED, RAY_GAUSSIAN, RAY_UNIFORM, FRAME_SENSOR, FRAME_WORLD, FRAME_CUSTOM, WANT_NORMAL, WANT_VELOCITY,
+    WANT_OBJECT, WANT_MATERIAL, WANT_SEMANTIC, WANT_DIFF,
 )
 from .pose import difference_window, key_segment, quat_slerp_shortest
 from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, miss, point_velocity
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
-@wp.func
+@wp.func(inline=True)
 def wrap_pi(a: float) -> float:
     """Angle wrapped to (−π, π]."""
     twopi = 2.0 * wp.pi
@@ -44,21 +45,21 @@ def wrap_pi(a: float) -> float:
     return r
 
 
-@wp.func
+@wp.func(inline=True)
 def sph_dir(az: float, el: float) -> wp.vec3:
     ce = wp.cos(el)
     return wp.vec3(ce * wp.cos(az), ce * wp.sin(az), wp.sin(el))
 
 
 # ------------------------------------------------------------------------------------------------ 1. schedule
-@wp.func
+@wp.func(inline=True)
 def spin_angle(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64) -> float:
     """Firing angle φ [rad] in [0, 2π) of a rotary head, from the scan start to the firing."""
     phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + float(fire_ns) * 1.0e-9) / p.scan_period
     return phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
 
 
-@wp.func
+@wp.func(inline=True)
 def fires_in_window(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64, phi: float) -> wp.int32:
     """1 when the firing lies in this step's window (partialOutputs) and, rotary, in the azimuth window."""
     # step assignment key: the firing time clamped inside its tick's period
@@ -75,7 +76,7 @@ def fires_in_window(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64
     return 1
 
 
-@wp.func
+@wp.func(inline=True)
 def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firing:
     """Firing ``f``: its tick, emitter and state, firing time, TimeOffsetNs, delivered angles, and whether it fires.
 
@@ -109,7 +110,7 @@ def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firi
 
 
 # ------------------------------------------------------------------------------------------- 2. firing pose
-@wp.func
+@wp.func(inline=True)
 def sensor_pose(times: wp.array[float], poses: wp.array[wp.transform], t: float):
     """The sensor pose at time t [s] — translation lerp and shortest-arc slerp between the keys around t, clamped
     outside them (the interpolation of :func:`wsim.kernels.pose.sample_trajectory`) — with the key i of its segment
@@ -126,7 +127,7 @@ def sensor_pose(times: wp.array[float], poses: wp.array[wp.transform], t: float)
     return wp.transform(t0 + d, q), i, d
 
 
-@wp.func
+@wp.func(inline=True)
 def displacement(poses: wp.array[wp.transform], i0: int, d0: wp.vec3, i1: int, d1: wp.vec3) -> wp.vec3:
     """T(t1) − T(t0) from two :func:`sensor_pose` keys and displacements: a key difference (exact between nearby
     float32 keys) plus in-segment offsets, never the difference of two world positions (which kilometres from the
@@ -134,12 +135,19 @@ def displacement(poses: wp.array[wp.transform], i0: int, d0: wp.vec3, i1: int, d
     return (wp.transform_get_translation(poses[i1]) - wp.transform_get_translation(poses[i0])) + (d1 - d0)
 
 
-@wp.func
+@wp.func(inline=True)
 def firing_ray(em: EmitterTable, fr: Firing, pose_times: wp.array[float], poses: wp.array[wp.transform]) -> FiringRay:
     """The sensor pose at the firing time (rolling) and the emitter's ray; the horizontal offset is radial along
     the emitter's azimuth (it turns with the head), the vertical one along z."""
-    ray = FiringRay()
     sensor, key, offset = sensor_pose(pose_times, poses, fr.time)
+    return emitter_ray(em, fr, sensor, key, offset, poses)
+
+
+@wp.func(inline=True)
+def emitter_ray(em: EmitterTable, fr: Firing, sensor: wp.transform, key: int, offset: wp.vec3,
+                poses: wp.array[wp.transform]) -> FiringRay:
+    """The emitter's ray from the sensor pose at the firing (:func:`sensor_pose`'s pose, key and displacement)."""
+    ray = FiringRay()
     ray.sensor = sensor
     ray.key = key
     ray.offset = offset
@@ -154,7 +162,7 @@ def firing_ray(em: EmitterTable, fr: Firing, pose_times: wp.array[float], poses:
 
 
 # ----------------------------------------------------------------------------------------- 3. beam sub-rays
-@wp.func
+@wp.func(inline=True)
 def beam_offset(k: int, n: int, gaussian: int) -> wp.vec3:
     """Sub-ray k of n over the unit footprint disc: centre, then hexagonal rings of 6, 12, … points.
 
@@ -188,7 +196,7 @@ def beam_offset(k: int, n: int, gaussian: int) -> wp.vec3:
     return wp.vec3(x, y, w)
 
 
-@wp.func
+@wp.func(inline=True)
 def beam_weight_sum(n: int, gaussian: int) -> float:
     s = float(0.0)
     for k in range(n):
@@ -196,7 +204,7 @@ def beam_weight_sum(n: int, gaussian: int) -> float:
     return s
 
 
-@wp.func
+@wp.func(inline=True)
 def subray_dir(d: wp.vec3, k: int, p: LidarParams) -> wp.vec3:
     """Direction of beam sub-ray k around the centre direction d (unit)."""
     if p.ray_type == RAY_IDEALIZED or k == 0:
@@ -212,7 +220,7 @@ def subray_dir(d: wp.vec3, k: int, p: LidarParams) -> wp.vec3:
 
 
 # ----------------------------------------------------------------------------------------- 4. surface walk
-@wp.func
+@wp.func(inline=True)
 def signal_from(rho: float, retro: int, n: wp.vec3, d: wp.vec3, r: float) -> float:
     """ρ_eff·|cos θ|/r² for a surface of reflectance ρ and normal n hit at distance r along unit direction d."""
     c = wp.abs(wp.dot(n, d))
@@ -223,13 +231,13 @@ def signal_from(rho: float, retro: int, n: wp.vec3, d: wp.vec3, r: float) -> flo
     return rho * c / (rr * rr)
 
 
-@wp.func
+@wp.func(inline=True)
 def surface_signal(hit: Hit, d: wp.vec3, refl: wp.array[float]) -> float:
     """Per-unit-weight, per-unit-transmittance signal of a hit (both faces return)."""
     return signal_from(refl[hit.material], wp.where((hit.material_id >> 11) & 2 != 0, 1, 0), hit.normal, d, hit.t)
 
 
-@wp.func
+@wp.func(inline=True)
 def nth_hit(geo: SceneGeo, o: wp.vec3, d: wp.vec3, depth: int, t_max: float, time: float) -> Hit:
     h = closest_hit(geo, o, d, 0.0, t_max, time)
     for _k in range(depth):
@@ -238,7 +246,7 @@ def nth_hit(geo: SceneGeo, o: wp.vec3, d: wp.vec3, depth: int, t_max: float, tim
     return h
 
 
-@wp.func
+@wp.func(inline=True)
 def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
                    trans: wp.array[float]) -> Echoes:
     """An idealized ray's echoes in path order: the first surface, then the surfaces behind transmissive ones
@@ -260,7 +268,7 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
         taus[n] = tau
         n += 1
         tr = trans[h.material]
-        if tr <= 0.0:
+        if tr <= 0.0 or n >= p.max_returns:  # an opaque surface, or no echo left to fill
             break
         tau = tau * tr
         h = continue_past(geo, ray.origin, ray.dir, h.t, p.far, time)
@@ -273,7 +281,7 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
     return ech
 
 
-@wp.func
+@wp.func(inline=True)
 def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
               trans: wp.array[float]) -> Contributions:
     """Every sub-ray's surfaces (up to hits_per_subray each, through transmissive ones) as contributions
@@ -306,7 +314,7 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
             ct[j + 1] = w * tau
             m += 1
             tr = trans[h.material]
-            if tr <= 0.0:
+            if tr <= 0.0 or depth + 1 >= p.hits_per_subray:  # opaque, or the sub-ray's last surface
                 break
             tau = tau * tr
             h = continue_past(geo, ray.origin, dk, h.t, p.far, time)
@@ -321,7 +329,7 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
 
 
 # ------------------------------------------------------------------------------------------- 5. echo merge
-@wp.func
+@wp.func(inline=True)
 def peak_mean(sum_sr: float, sum_s: float, count: float, sum_r: float) -> float:
     """A peak's range: the signal-weighted mean of its members' ranges (plain mean when its signal is 0) [m]."""
     mean = sum_r / count
@@ -330,7 +338,7 @@ def peak_mean(sum_sr: float, sum_s: float, count: float, sum_r: float) -> float:
     return mean
 
 
-@wp.func
+@wp.func(inline=True)
 def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
     """Range-sorted contributions into peaks: one joins the current peak when it lies within min_echo_dist of the
     peak's mean range, else it starts a new one."""
@@ -373,7 +381,7 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
     return pk
 
 
-@wp.func
+@wp.func(inline=True)
 def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
     """Peaks as echoes, strongest signal first (EchoId 0 = strongest), capped at max_returns; each echo keeps its
     strongest member as the representative surface."""
@@ -406,7 +414,7 @@ def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
     return ech
 
 
-@wp.func
+@wp.func(inline=True)
 def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
                 trans: wp.array[float]) -> Echoes:
     """Steps 3–5: the firing's echoes, by ray type."""
@@ -416,7 +424,7 @@ def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl
 
 
 # ------------------------------------------------------------------------------- 6. detection and intensity
-@wp.func
+@wp.func(inline=True)
 def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, ech: Echoes, r: int):
     """Echo r's representative surface (re-found along its sub-ray from its code), the sub-ray and its direction."""
     code = ech.code[r]
@@ -432,7 +440,7 @@ def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, ech
     return h, k, dk
 
 
-@wp.func
+@wp.func(inline=True)
 def intensity_from(p: LidarParams, signal: float, r: float, cosv: float, gain: float) -> float:
     """Processing (RAW / NORMALIZATION / CORRECTION), mapping, per-emitter gain, clip to [0, 1], scale."""
     x = signal
@@ -445,7 +453,7 @@ def intensity_from(p: LidarParams, signal: float, r: float, cosv: float, gain: f
     return wp.clamp(x * gain, 0.0, 1.0) * p.scale
 
 
-@wp.func
+@wp.func(inline=True)
 def noise_state(seed: int, scan: int, tick: int, emitter: int, echo: int) -> wp.uint32:
     """RNG state of one return's noise, a hash of its identity (seed, scan, tick, emitter, echo): the same whatever
     the launch shape, partialOutputs slicing or thread count, and independent between returns and between scans."""
@@ -455,7 +463,7 @@ def noise_state(seed: int, scan: int, tick: int, emitter: int, echo: int) -> wp.
     return wp.rand_init(wp.int32(s), echo)
 
 
-@wp.func
+@wp.func(inline=True)
 def return_noise(p: LidarParams, ticks: TickTable, fr: Firing, echo: int) -> wp.vec3:
     """Gaussian noise of echo ``echo`` of a firing: range [m], azimuth [rad], elevation [rad] (three draws in this
     order from the return's own state, so each component does not depend on which others are enabled)."""
@@ -468,7 +476,7 @@ def return_noise(p: LidarParams, ticks: TickTable, fr: Firing, echo: int) -> wp.
     return wp.vec3(p.range_noise * dr, p.az_noise * da, p.el_noise * de)
 
 
-@wp.func
+@wp.func(inline=True)
 def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, signal: float,
                     r: float) -> wp.uint8:
     """VALID when the signal reaches the detection threshold inside [near, far]; NEW_SCAN on a valid return of a
@@ -483,11 +491,12 @@ def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firi
 
 
 # -------------------------------------------------------------------------------------------- 7. output frame
-@wp.func
+@wp.func(inline=True)
 def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp.transform], ray: FiringRay,
                  time: float, ref_time: float, custom: wp.mat44) -> OutputFrame:
-    """The poses of the output step: at the firing, at the compensation reference, and the ±1 ms velocity window
-    (one-sided at the ends of the trajectory), with the sensor's displacements from the firing to each of them."""
+    """The poses of the output step: at the firing, at the compensation reference (COMPENSATED), and the ±1 ms
+    velocity window (one-sided at the ends of the trajectory; only when Velocity is wanted), with the sensor's
+    displacements from the firing to each of them."""
     of = OutputFrame()
     of.sensor = ray.sensor
     of.ref = ray.sensor
@@ -496,6 +505,8 @@ def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
         ref, i_r, d_r = sensor_pose(pose_times, poses, ref_time)
         of.ref = ref
         of.shift_ref = displacement(poses, ray.key, ray.offset, i_r, d_r)
+    if (p.want & WANT_VELOCITY) == 0:
+        return of
     of.win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], time, 1.0e-3)
     before, i_a, d_a = sensor_pose(pose_times, poses, of.win[0])
     after, i_b, d_b = sensor_pose(pose_times, poses, of.win[1])
@@ -506,7 +517,7 @@ def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
     return of
 
 
-@wp.func
+@wp.func(inline=True)
 def quantize_range(r: float, res: float) -> float:
     """Range ``r`` rounded to a multiple of ``res`` [m] (range quantisation). Its gradient is straight-through:
     d quantize_range / dr := 1 (the true derivative, 0 almost everywhere, would silently zero every range gradient;
@@ -519,7 +530,7 @@ def adj_quantize_range(r: float, res: float, adj_ret: float):
     wp.adjoint[r] += adj_ret
 
 
-@wp.func
+@wp.func(inline=True)
 def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, of: OutputFrame, rng: float,
                    noise: wp.vec3) -> wp.vec3:
     """The reported point in the output frame, Cartesian [m]: range + distance correction + range noise, quantized,
@@ -545,7 +556,7 @@ def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay,
     return pw
 
 
-@wp.func
+@wp.func(inline=True)
 def to_output(p: LidarParams, v: wp.vec3, of: OutputFrame) -> wp.vec3:
     """A world vector (normal, velocity) into the output frame's axes."""
     if p.frame == FRAME_WORLD:
@@ -558,7 +569,7 @@ def to_output(p: LidarParams, v: wp.vec3, of: OutputFrame) -> wp.vec3:
     return wp.quat_rotate_inv(wp.transform_get_rotation(tf), v)
 
 
-@wp.func
+@wp.func(inline=True)
 def coords_from(p: LidarParams, c: wp.vec3) -> wp.vec3:
     """An output-frame point in the output representation (Cartesian [m] or azimuth/elevation [deg], range [m])."""
     if p.spherical != 0:
@@ -567,7 +578,7 @@ def coords_from(p: LidarParams, c: wp.vec3) -> wp.vec3:
     return c
 
 
-@wp.func
+@wp.func(inline=True)
 def relative_velocity(geo: SceneGeo, h: Hit, time: float, of: OutputFrame) -> wp.vec3:
     """Velocity of the hit point (carried by its object) relative to the moving sensor: the difference quotient over
     the window of its position in the sensor frame, in the world axes of the firing pose [m/s]. Positions are taken
@@ -580,11 +591,12 @@ def relative_velocity(geo: SceneGeo, h: Hit, time: float, of: OutputFrame) -> wp
     return wp.transform_vector(of.sensor, v_s)
 
 
-@wp.func
+@wp.func(inline=True)
 def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing,
                    ray: FiringRay, of: OutputFrame, ech: Echoes, r: int, h: Hit, k: int, dk: wp.vec3,
                    noise: wp.vec3, refl: wp.array[float], gain: wp.array[float]) -> Return:
-    """Steps 6–7 for echo r on surface h: range, intensity, detection, and every channel in the output frame."""
+    """Steps 6–7 for echo r on surface h: range, intensity, detection, and the wanted channels in the output
+    frame."""
     rng = ech.r[r]
     if p.ray_type == RAY_IDEALIZED:
         rng = hit_distance(geo, h, ray.origin, ray.dir)  # from the face's vertices, as the differentiable pass does
@@ -594,8 +606,10 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     ret.intensity = intensity_from(p, ech.s[r], rng, wp.abs(wp.dot(h.normal, dk)), gain[fr.emitter])
     ret.flags = detection_flags(p, em, ticks, fr, ech.s[r], rng)
     ret.coords = coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
-    ret.normal = to_output(p, h.normal, of)
-    ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), of)
+    if (p.want & WANT_NORMAL) != 0:
+        ret.normal = to_output(p, h.normal, of)
+    if (p.want & WANT_VELOCITY) != 0:
+        ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), of)
     ret.tau = ech.tau[r]
     ret.rep_s = ech.tau[r] * surface_signal(h, dk, refl)
     ret.peak_r = ech.r[r]
@@ -605,14 +619,14 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
 
 
 # -------------------------------------------------------------------------------------------- 8. slot write
-@wp.func
+@wp.func(inline=True)
 def clear_slots(out: Slots, base: int, n: int):
     for r in range(n):
         out.present[base + r] = wp.uint8(0)
         out.flags[base + r] = wp.uint8(0)
 
 
-@wp.func
+@wp.func(inline=True)
 def write_identity(out: Slots, base: int, n: int, em: EmitterTable, ticks: TickTable, fr: Firing):
     """Identity channels in every slot of a fired emitter (invalid entries keep them too)."""
     for r in range(n):
@@ -626,19 +640,28 @@ def write_identity(out: Slots, base: int, n: int, em: EmitterTable, ticks: TickT
         out.fire[base + r] = fr.index
 
 
-@wp.func
-def write_return(out: Slots, slot: int, ret: Return, obj_hash: wp.array[wp.vec3ui],
+@wp.func(inline=True)
+def write_return(p: LidarParams, out: Slots, slot: int, ret: Return, obj_hash: wp.array[wp.vec3ui],
                  part_number: wp.array[wp.uint32]):
+    """The return's channels: those always delivered, the wanted ones, and (for the differentiable pass) its
+    surface and signals."""
     h = ret.hit
     out.flags[slot] = ret.flags
     out.coords[slot] = ret.coords
     out.intensity[slot] = ret.intensity
-    out.material_id[slot] = wp.uint32(h.material_id)
-    oh = obj_hash[h.object_id]
-    out.object_id[slot] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
-    out.normal[slot] = ret.normal
-    out.velocity[slot] = ret.velocity
-    out.semantic[slot] = h.semantic
+    if (p.want & WANT_MATERIAL) != 0:
+        out.material_id[slot] = wp.uint32(h.material_id)
+    if (p.want & WANT_OBJECT) != 0:
+        oh = obj_hash[h.object_id]
+        out.object_id[slot] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
+    if (p.want & WANT_NORMAL) != 0:
+        out.normal[slot] = ret.normal
+    if (p.want & WANT_VELOCITY) != 0:
+        out.velocity[slot] = ret.velocity
+    if (p.want & WANT_SEMANTIC) != 0:
+        out.semantic[slot] = h.semantic
+    if (p.want & WANT_DIFF) == 0:
+        return
     out.face[slot] = h.face
     out.inst[slot] = h.instance
     out.material[slot] = h.material
@@ -667,11 +690,15 @@ def lidar_fire_kernel(
     gain: wp.array[float],
     obj_hash: wp.array[wp.vec3ui],
     part_number: wp.array[wp.uint32],
+    fire_slot: wp.array[wp.int32],
+    n_slots: int,
+    fposes: wp.array[FiringPose],
     offset: int,
     out: Slots,
 ):
     """One firing, step by step (not differentiable; :func:`lidar_diff_kernel` recomputes the differentiable values
-    from the surfaces chosen here)."""
+    from the surfaces chosen here). Its poses come from :func:`firing_pose_kernel`'s table (``fire_slot``: the
+    firing-time slot of each emitter-table entry)."""
     f = wp.tid() + offset
     base = f * p.max_returns
     clear_slots(out, base, p.max_returns)
@@ -679,16 +706,51 @@ def lidar_fire_kernel(
     if fr.fires == 0:
         return
     write_identity(out, base, p.max_returns, em, ticks, fr)
-    ray = firing_ray(em, fr, pose_times, poses)
+    fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
+    ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
     ech = find_echoes(geo, p, ray, fr.time, refl, trans)
-    of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
+    of = fp.frame
+    of.custom = custom
     for r in range(ech.n):
         h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
         if h.face < 0:
             continue
         noise = return_noise(p, ticks, fr, r)
         ret = measure_return(geo, p, em, ticks, fr, ray, of, ech, r, h, k, dk, noise, refl, gain)
-        write_return(out, base + r, ret, obj_hash, part_number)
+        write_return(p, out, base + r, ret, obj_hash, part_number)
+
+
+@wp.kernel(enable_backward=False)
+def firing_pose_kernel(
+    p: LidarParams,
+    ticks: TickTable,
+    slot_ns: wp.array[wp.int32],
+    n_slots: int,
+    pose_times: wp.array[float],
+    poses: wp.array[wp.transform],
+    ref_time: float,
+    offset: int,
+    out: wp.array[FiringPose],
+):
+    """The poses of firing-time slot ``s`` of tick ``k`` (``tid = k · n_slots + s``; ``slot_ns[state · n_slots +
+    s]`` = the slot's firing delay [ns]): the same :func:`sensor_pose` and :func:`output_frame` values a firing at that
+    time computes, once for all emitters that fire together."""
+    i = wp.tid() + offset
+    k = i // n_slots
+    fire_ns = wp.int64(slot_ns[ticks.state[k] * n_slots + (i - k * n_slots)])
+    time = ticks.time[k] + float(fire_ns) * 1.0e-9  # as schedule() times a firing
+    if p.instant != 0:
+        time = ticks.time[0]
+    sensor, key, off = sensor_pose(pose_times, poses, time)
+    ray = FiringRay()
+    ray.sensor = sensor
+    ray.key = key
+    ray.offset = off
+    fp = FiringPose()
+    fp.key = key
+    fp.offset = off
+    fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time, wp.identity(n=4, dtype=float))
+    out[i] = fp
 
 
 @wp.kernel
@@ -709,6 +771,7 @@ def compact_kernel(
     src: Slots,
     keep: wp.array[wp.int32],
     index: wp.array[wp.int32],
+    want: int,
     offset: int,
     flags: wp.array[wp.uint8],
     coords: wp.array2d[float],
@@ -733,15 +796,24 @@ def compact_kernel(
     src_slot[j] = i
     flags[j] = src.flags[i]
     c = src.coords[i]
-    n = src.normal[i]
-    v = src.velocity[i]
-    o = src.object_id[i]
     for a in range(3):
         coords[a, j] = c[a]
-        normal[j, a] = n[a]
-        velocity[j, a] = v[a]
-    for a in range(4):
-        object_id[j, a] = o[a]
+    if (want & WANT_NORMAL) != 0:
+        n = src.normal[i]
+        for a in range(3):
+            normal[j, a] = n[a]
+    if (want & WANT_VELOCITY) != 0:
+        v = src.velocity[i]
+        for a in range(3):
+            velocity[j, a] = v[a]
+    if (want & WANT_OBJECT) != 0:
+        o = src.object_id[i]
+        for a in range(4):
+            object_id[j, a] = o[a]
+    if (want & WANT_MATERIAL) != 0:
+        material_id[j] = src.material_id[i]
+    if (want & WANT_SEMANTIC) != 0:
+        semantic[j] = src.semantic[i]
     intensity[j] = src.intensity[i]
     time_offset_ns[j] = src.time_offset_ns[i]
     emitter[j] = src.emitter[i]
@@ -749,5 +821,3 @@ def compact_kernel(
     tick[j] = src.tick[i]
     echo[j] = src.echo[i]
     state[j] = src.state[i]
-    material_id[j] = src.material_id[i]
-    semantic[j] = src.semantic[i]

@@ -25,6 +25,15 @@ FRAME_SENSOR = 0
 FRAME_WORLD = 1
 FRAME_CUSTOM = 2
 
+# LidarParams.want: the slot channels a render computes and writes (bits); Coordinates, Intensity, Flags and the
+# identity channels are always written
+WANT_NORMAL = wp.constant(1)  # HitNormal
+WANT_VELOCITY = wp.constant(2)  # Velocity (and the ±1 ms sensor poses it needs)
+WANT_OBJECT = wp.constant(4)  # ObjectId
+WANT_MATERIAL = wp.constant(8)  # MaterialId
+WANT_SEMANTIC = wp.constant(16)  # SemanticId
+WANT_DIFF = wp.constant(32)  # what the differentiable pass reads back (surface, sub-ray, signals, noise)
+
 
 @wp.struct
 class LidarParams:
@@ -60,6 +69,7 @@ class LidarParams:
     frame: wp.int32  # FRAME_SENSOR, FRAME_WORLD, FRAME_CUSTOM
     compensated: wp.int32
     spherical: wp.int32
+    want: wp.int32  # WANT_* bits
 
 
 @wp.struct
@@ -206,6 +216,16 @@ class OutputFrame:
     after: wp.transform  # sensor pose at win[1]
     shift_before: wp.vec3  # T(win[0]) − T(firing) [m]
     shift_after: wp.vec3  # T(win[1]) − T(firing) [m]
+
+
+@wp.struct
+class FiringPose:
+    """The firing pose and output-frame poses shared by every firing of one tick at one firing time (computed once
+    per tick and distinct firing delay by :func:`wsim.kernels.lidar.firing_pose_kernel`)."""
+
+    key: wp.int32  # trajectory key of the firing time's segment
+    offset: wp.vec3  # sensor displacement from that key to the firing [m]
+    frame: OutputFrame  # sensor pose at the firing and the output step's poses (custom left unset)
 
 
 @wp.struct

@@ -369,6 +369,7 @@ class Lidar:
             ref_time = t0_ns * 1e-9
         p = self._params()
         p.window_filter = int(c.partial_outputs and not c.instant_lidar)
+        p.want = _wanted(chans, requires_grad)
         custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
         tt = K.TickTable()
         if n_fire:
@@ -386,11 +387,15 @@ class Lidar:
             tt.tick_id = wp.array(ticks["tick_id"].astype(np.int32), dtype=wp.int32, device=d)
             tt.state = wp.array(ticks["state"].astype(np.int32), dtype=wp.int32, device=d)
             tt.scan = wp.array(ticks["scan"].astype(np.int32), dtype=wp.int32, device=d)
+            fire_slot, slot_ns, n_fs = self._fire_slots()
+            fposes = wp.empty(n_ticks * n_fs, dtype=K.FiringPose, device=d)
+            _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
+                                                                  float(ref_time)], [fposes], device=d)
             _launch.launch(K.lidar_fire_kernel, n_fire,
                            [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
-                            refl, trans, gain, ohash, pnum],
+                            refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes],
                            [slots], device=d)
-        pc, src = self._compact(slots, n_slots, chans, frame, start_pose, end_pose, comp_ref)
+        pc, src = self._compact(slots, n_slots, chans, p.want, frame, start_pose, end_pose, comp_ref)
         if requires_grad:
             n = pc.count
             coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
@@ -446,6 +451,21 @@ class Lidar:
         out.fire_ns, out.channel, out.hor, out.vert, out.dcorr = em.fire_ns, em.channel, em.hor, em.vert, em.dcorr
         return out, fresh(gain, "gain"), fresh(refl, "reflectance")
 
+    def _fire_slots(self) -> tuple[wp.array, wp.array, int]:
+        """Firing-time slots: each emitter-table entry's index among its state's distinct firing delays, the delays
+        [ns] per (state, slot) (padded with the state's first), and the slot count per state. The emitters of one
+        tick that fire at the same delay share one pose computation (PANDAR128: 16 delays for 128 emitters)."""
+        key = ("slots", str(self.device))
+        if key not in self._emitters:
+            per_state = [np.unique(np.asarray(s.fire_time_ns, np.int64), return_inverse=True)
+                         for s in self.config.emitter_states]
+            n = max(len(u) for u, _ in per_state)
+            slot_ns = np.array([np.pad(u, (0, n - len(u)), mode="edge") for u, _ in per_state], np.int32)
+            fire_slot = np.concatenate([inv.reshape(-1) for _, inv in per_state]).astype(np.int32)
+            self._emitters[key] = (wp.array(fire_slot, dtype=wp.int32, device=self.device),
+                                   wp.array(slot_ns.reshape(-1), dtype=wp.int32, device=self.device), n)
+        return self._emitters[key]
+
     def _gain_array(self) -> wp.array:
         """Per-emitter intensity gain (device array, default 1; differentiable)."""
         key = ("gain", str(self.device))
@@ -462,7 +482,7 @@ class Lidar:
         self.gain = g
         self._gain_array().assign(g)
 
-    def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], frame, start_pose, end_pose,
+    def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], want: int, frame, start_pose, end_pose,
                  comp_ref: str) -> tuple[PointCloud, wp.array]:
         c, d = self.config, self.device
         keep = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
@@ -473,25 +493,29 @@ class Lidar:
                            [keep], device=d)
             wp.utils.array_scan(keep, index, inclusive=True)
             count = int(index[n_slots - 1:n_slots].numpy()[0])
+        def channel(name: str, dtype, shape=lambda n: n) -> wp.array:
+            # every row of a wanted channel is written by the compaction; the others stay empty
+            return wp.empty(shape(count if name in chans or name in CORE_CHANNELS else 0), dtype=dtype, device=d)
+
         out = {
-            "Flags": wp.zeros(count, dtype=wp.uint8, device=d),
-            "Coordinates": wp.zeros((3, count), dtype=float, device=d),
-            "Intensity": wp.zeros(count, dtype=float, device=d),
-            "TimeOffsetNs": wp.zeros(count, dtype=wp.int32, device=d),
-            "EmitterId": wp.zeros(count, dtype=wp.uint32, device=d),
-            "ChannelId": wp.zeros(count, dtype=wp.uint32, device=d),
-            "TickId": wp.zeros(count, dtype=wp.uint32, device=d),
-            "EchoId": wp.zeros(count, dtype=wp.uint8, device=d),
-            "TickState": wp.zeros(count, dtype=wp.uint8, device=d),
-            "MaterialId": wp.zeros(count, dtype=wp.uint32, device=d),
-            "ObjectId": wp.zeros((count, 4), dtype=wp.uint32, device=d),
-            "HitNormal": wp.zeros((count, 3), dtype=float, device=d),
-            "Velocity": wp.zeros((count, 3), dtype=float, device=d),
-            "SemanticId": wp.zeros(count, dtype=wp.int32, device=d),
+            "Flags": channel("Flags", wp.uint8),
+            "Coordinates": channel("Coordinates", float, lambda n: (3, n)),
+            "Intensity": channel("Intensity", float),
+            "TimeOffsetNs": channel("TimeOffsetNs", wp.int32),
+            "EmitterId": channel("EmitterId", wp.uint32),
+            "ChannelId": channel("ChannelId", wp.uint32),
+            "TickId": channel("TickId", wp.uint32),
+            "EchoId": channel("EchoId", wp.uint8),
+            "TickState": channel("TickState", wp.uint8),
+            "MaterialId": channel("MaterialId", wp.uint32),
+            "ObjectId": channel("ObjectId", wp.uint32, lambda n: (n, 4)),
+            "HitNormal": channel("HitNormal", float, lambda n: (n, 3)),
+            "Velocity": channel("Velocity", float, lambda n: (n, 3)),
+            "SemanticId": channel("SemanticId", wp.int32),
         }
-        src = wp.zeros(count, dtype=wp.int32, device=d)
+        src = wp.empty(count, dtype=wp.int32, device=d)
         if count:
-            _launch.launch(K.compact_kernel, n_slots, [slots, keep, index],
+            _launch.launch(K.compact_kernel, n_slots, [slots, keep, index, want],
                            [out[k] for k in ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId",
                                              "ChannelId", "TickId", "EchoId", "TickState", "MaterialId", "ObjectId",
                                              "HitNormal", "Velocity", "SemanticId")] + [src], device=d)
@@ -529,6 +553,26 @@ class Lidar:
         if cfg.number_of_emitters == self.config.number_of_emitters:
             out.gain = self.gain.copy()
         return out
+
+
+#: Channels the compaction always fills (the identity channels are cheap, Coordinates and Intensity are what the
+#: differentiable pass replaces); the others only when asked for (:func:`_wanted`).
+CORE_CHANNELS = ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId", "ChannelId", "TickId", "EchoId",
+                 "TickState")
+
+#: Channel → the LidarParams.want bit that computes it.
+_WANT_BITS = {"HitNormal": K.WANT_NORMAL, "Velocity": K.WANT_VELOCITY, "ObjectId": K.WANT_OBJECT,
+              "MaterialId": K.WANT_MATERIAL, "SemanticId": K.WANT_SEMANTIC}
+
+
+def _wanted(chans: Sequence[str], requires_grad: bool) -> int:
+    """LidarParams.want for a render delivering ``chans``: a channel nobody asked for is neither computed nor
+    written (Velocity, for one, costs two more sensor poses per firing and three instance poses per moving hit)."""
+    w = 0
+    for name, bit in _WANT_BITS.items():
+        if name in chans:
+            w |= int(bit)
+    return w | (int(K.WANT_DIFF) if requires_grad else 0)
 
 
 def _members(n: int, d) -> K.Members:
