@@ -68,6 +68,10 @@ install() {  # install demo|test|bench
       "${PIP[@]}" install ${q[@]+"${q[@]}"} -e ".[test]" ;;
     bench)
       install test
+      case "$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)" in
+        *libusb-1.0*) ;;
+        *) echo "dev.sh: Open3D (a benchmark peer) needs the Debian/Ubuntu package libusb-1.0-0: sudo apt-get install libusb-1.0-0" ;;
+      esac
       "${PIP[@]}" install ${q[@]+"${q[@]}"} -e ".[bench]" ;;
     *) echo "usage: ./dev.sh install demo|test|bench" >&2; exit 2 ;;
   esac
