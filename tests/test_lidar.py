@@ -411,6 +411,57 @@ def test_renders_are_bit_identical_with_seeded_noise(device):
                                                    trajectory=STATIC).render(0.0, 0.1).xyz(), axis=1)) < 0.05
 
 
+def test_firing_rays_are_the_rays_the_render_traces(device):
+    """Lidar.firing_rays: one world ray per firing (and sub-ray) in firing order, at the firing's time and pose."""
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    traj = Trajectory([0.0, 1.0], [[0, 0, 0], [15.0, 0, 0]], [[0, 0, 0, 1], [0, 0, 0.2588190, 0.9659258]])
+    cfg = rotary(n_el=8, ticks=400, include_invalid_points=True)
+    from wsim.sensors.lidar_config import FrameOfReference
+
+    lid = Lidar(config=cfg, scene=scene, trajectory=traj, device=device).with_config(
+        output_frame_of_reference=FrameOfReference.WORLD)
+    frame_id = lid.frame_id
+    rays = lid.firing_rays(0.0, 0.1)
+    assert lid.frame_id == frame_id  # not a delivered frame
+    n = 8 * 400
+    assert rays["origin"].shape == (n, 3) and rays["fires"].sum() == n
+    np.testing.assert_allclose(np.linalg.norm(rays["direction"], axis=1), 1.0, atol=1e-6)
+    pc = lid.render(0.0, 0.1)
+    # the rays end on the render's world points (maxReturns 1, invalid points kept: one row per firing), at the
+    # analytic room distance, and the firing times are the TimeOffsetNs of those points
+    np.testing.assert_allclose(rays["time"], pc["TimeOffsetNs"].numpy() * 1e-9, atol=1e-7)
+    d = rays["direction"].astype(np.float64)
+    t = room_distance(rays["origin"].astype(np.float64), np.where(d == 0.0, 1e-30, d))
+    end = rays["origin"] + rays["direction"] * t[:, None]
+    np.testing.assert_allclose(pc.xyz(), end, atol=2e-3)
+    # the sensor moves and turns over the sweep: the rays are not one fan
+    assert np.ptp(rays["origin"][:, 0]) > 1.4
+    beam = lid.with_config(ray_type=RayType.GAUSSIAN_BEAM, beam_samples=7).firing_rays(0.0, 0.1)
+    assert beam["origin"].shape == (7 * n, 3)
+    np.testing.assert_array_equal(beam["origin"][::7], rays["origin"])
+    np.testing.assert_array_equal(beam["direction"][::7], rays["direction"])  # sub-ray 0 is the centre
+    cone = np.degrees(np.arccos(np.clip(np.sum(beam["direction"].reshape(n, 7, 3) * rays["direction"][:, None], -1),
+                                        -1, 1)))
+    assert 0.0 < cone[:, 1:].min() and cone.max() < max(cfg.divergence_hor_deg, cfg.divergence_ver_deg)
+
+
+@pytest.mark.parametrize("ray_type", [RayType.IDEALIZED, RayType.GAUSSIAN_BEAM])
+def test_a_channel_subset_equals_those_channels_of_the_full_render(device, ray_type):
+    """Channels nobody asked for are skipped, and the ones delivered are bit-identical to the full render's."""
+    scene = _glass_room()
+    traj = Trajectory([0.0, 1.0], [[0, 0, 0], [10.0, 0, 0]], [[0, 0, 0, 1]] * 2)
+    cfg = rotary(n_el=8, ticks=400, ray_type=ray_type, max_returns=2, range_accuracy_m=0.01, seed=3,
+                 include_invalid_points=True)
+    full = Lidar(config=cfg, scene=scene, trajectory=traj, device=device).render(0.0, 0.1).numpy()
+    for chans in (["Coordinates", "Intensity"], ["Velocity"], ["HitNormal", "ObjectId", "SemanticId"],
+                  ["MaterialId", "Velocity", "EmitterId"]):
+        sub = Lidar(config=cfg, scene=scene, trajectory=traj, channels=chans, device=device).render(0.0, 0.1).numpy()
+        assert set(sub) == {"Counts", "Flags", *chans}
+        for k in sub:
+            np.testing.assert_array_equal(sub[k], full[k], err_msg=k)
+    assert np.abs(full["Velocity"]).max() > 9.0  # the channels compared are not all zero
+
+
 def _glass_room():
     """The box room with a clear glass pane across +x (two echoes for the emitters that look through it)."""
     s = box_room_scene(ROOM_LO, ROOM_HI)

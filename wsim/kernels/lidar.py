@@ -753,6 +753,34 @@ def firing_pose_kernel(
     out[i] = fp
 
 
+@wp.kernel(enable_backward=False)
+def firing_rays_kernel(
+    p: LidarParams,
+    em: EmitterTable,
+    ticks: TickTable,
+    fire_slot: wp.array[wp.int32],
+    n_slots: int,
+    fposes: wp.array[FiringPose],
+    poses: wp.array[wp.transform],
+    offset: int,
+    origin: wp.array[wp.vec3],
+    direction: wp.array[wp.vec3],
+    time: wp.array[float],
+    fires: wp.array[wp.int32],
+):
+    """Sub-ray ``k`` of firing ``f`` (``tid = f · beam_n + k``) as :func:`lidar_fire_kernel` traces it first: world
+    origin, direction and time, and whether the firing fires."""
+    i = wp.tid() + offset
+    f = i // p.beam_n
+    fr = schedule(p, em, ticks, f)
+    fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
+    ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
+    origin[i] = ray.origin
+    direction[i] = subray_dir(ray.dir, i - f * p.beam_n, p)
+    time[i] = fr.time
+    fires[i] = fr.fires
+
+
 @wp.kernel
 def keep_mask_kernel(present: wp.array[wp.uint8], flags: wp.array[wp.uint8], include_invalid: int,
                      offset: int, keep: wp.array[wp.int32]):

@@ -359,7 +359,7 @@ class Lidar:
         geo = scene.device_geometry(d)
         refl, trans, ohash, pnum = self._scene_tables(scene)
         em, gain = self._emitter_table(), self._gain_array()
-        if requires_grad or ov:  # this render's own copies of what the tape differentiates (or what is overridden)
+        if requires_grad or set(ov) - {"rays"}:  # this render's own copies of what the tape differentiates
             em, gain, refl = self._render_inputs(em, gain, refl, ov)
         pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
         poses = wp.array(np.concatenate([traj.translations, traj.rotations], 1).astype(np.float32),
@@ -391,6 +391,8 @@ class Lidar:
             fposes = wp.empty(n_ticks * n_fs, dtype=K.FiringPose, device=d)
             _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
                                                                   float(ref_time)], [fposes], device=d)
+            if ov.get("rays"):
+                return self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
             _launch.launch(K.lidar_fire_kernel, n_fire,
                            [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
                             refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes],
@@ -431,6 +433,28 @@ class Lidar:
                 "prototype_points": [m.points if m is not None else None for m in geo.prototype_meshes],
             }
         return pc
+
+    def firing_rays(self, t0: float, t1: float) -> dict[str, np.ndarray]:
+        """The world rays the render of step [t0, t1] would trace first, one per firing and (beams) sub-ray, in
+        firing order (sub-rays of a firing together): ``origin`` (N, 3) [m], ``direction`` (N, 3) unit, ``time``
+        (N,) [s, scene clock] and ``fires`` (N,) (0: outside the step or azimuth window, not traced). For comparing
+        with other tracers on the very same rays (``benchmarks/lidar.py``); surfaces behind transmissive ones are
+        further queries along the same rays."""
+        frame_id = self.frame_id
+        out = self.render(t0, t1, _overrides={"rays": True})
+        self.frame_id = frame_id  # not a delivered frame
+        if isinstance(out, PointCloud):  # no scan delivered in this step
+            return {"origin": np.zeros((0, 3), np.float32), "direction": np.zeros((0, 3), np.float32),
+                    "time": np.zeros(0, np.float32), "fires": np.zeros(0, np.int32)}
+        return out
+
+    def _rays_of(self, p: K.LidarParams, em: K.EmitterTable, tt: K.TickTable, fire_slot: wp.array, n_fs: int,
+                 fposes: wp.array, poses: wp.array, n_fire: int) -> dict[str, np.ndarray]:
+        n, d = n_fire * p.beam_n, self.device
+        arrs = [wp.empty(n, dtype=wp.vec3, device=d), wp.empty(n, dtype=wp.vec3, device=d),
+                wp.empty(n, dtype=float, device=d), wp.empty(n, dtype=wp.int32, device=d)]
+        _launch.launch(K.firing_rays_kernel, n, [p, em, tt, fire_slot, n_fs, fposes, poses], arrs, device=d)
+        return dict(zip(("origin", "direction", "time", "fires"), (a.numpy() for a in arrs)))
 
     def _render_inputs(self, em: K.EmitterTable, gain: wp.array, refl: wp.array, ov: dict):
         """Copies of the emitter table (fresh azimuth/elevation arrays), gain and reflectance for one render, with
