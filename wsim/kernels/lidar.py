@@ -14,7 +14,7 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
    :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
    :func:`relative_velocity`;
-8. slot write — :func:`clear_slots`, :func:`write_identity`, :func:`write_return`.
+8. slot write — :func:`clear_slots`, :func:`write_identity`, :func:`write_return`, :func:`write_blank`.
 
 :func:`lidar_fire_kernel` runs all of them for one firing (not differentiable: it picks the surfaces);
 :mod:`wsim.kernels.lidar_diff` recomputes Coordinates and Intensity of the delivered returns from those surfaces with
@@ -641,6 +641,37 @@ def write_identity(out: Slots, base: int, n: int, em: EmitterTable, ticks: TickT
 
 
 @wp.func(inline=True)
+def write_blank(p: LidarParams, out: Slots, slot: int):
+    """Zeros in the measured channels of a fired emitter's slot without a return (an invalid point when
+    includeInvalidPoints): the slot buffers are not cleared beforehand."""
+    out.flags[slot] = wp.uint8(0)
+    out.coords[slot] = wp.vec3(0.0, 0.0, 0.0)
+    out.intensity[slot] = 0.0
+    if (p.want & WANT_MATERIAL) != 0:
+        out.material_id[slot] = wp.uint32(0)
+    if (p.want & WANT_OBJECT) != 0:
+        out.object_id[slot] = wp.vec4ui(wp.uint32(0), wp.uint32(0), wp.uint32(0), wp.uint32(0))
+    if (p.want & WANT_NORMAL) != 0:
+        out.normal[slot] = wp.vec3(0.0, 0.0, 0.0)
+    if (p.want & WANT_VELOCITY) != 0:
+        out.velocity[slot] = wp.vec3(0.0, 0.0, 0.0)
+    if (p.want & WANT_SEMANTIC) != 0:
+        out.semantic[slot] = 0
+    if (p.want & WANT_DIFF) == 0:
+        return
+    out.face[slot] = 0
+    out.inst[slot] = 0
+    out.material[slot] = 0
+    out.subray[slot] = 0
+    out.tau[slot] = 0.0
+    out.rep_t[slot] = 0.0
+    out.rep_s[slot] = 0.0
+    out.peak_r[slot] = 0.0
+    out.peak_s[slot] = 0.0
+    out.noise[slot] = wp.vec3(0.0, 0.0, 0.0)
+
+
+@wp.func(inline=True)
 def write_return(p: LidarParams, out: Slots, slot: int, ret: Return, obj_hash: wp.array[wp.vec3ui],
                  part_number: wp.array[wp.uint32]):
     """The return's channels: those always delivered, the wanted ones, and (for the differentiable pass) its
@@ -711,13 +742,17 @@ def lidar_fire_kernel(
     ech = find_echoes(geo, p, ray, fr.time, refl, trans)
     of = fp.frame
     of.custom = custom
-    for r in range(ech.n):
-        h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
-        if h.face < 0:
-            continue
-        noise = return_noise(p, ticks, fr, r)
-        ret = measure_return(geo, p, em, ticks, fr, ray, of, ech, r, h, k, dk, noise, refl, gain)
-        write_return(p, out, base + r, ret, obj_hash, part_number)
+    for r in range(p.max_returns):
+        written = int(0)
+        if r < ech.n:
+            h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
+            if h.face >= 0:
+                noise = return_noise(p, ticks, fr, r)
+                ret = measure_return(geo, p, em, ticks, fr, ray, of, ech, r, h, k, dk, noise, refl, gain)
+                write_return(p, out, base + r, ret, obj_hash, part_number)
+                written = 1
+        if written == 0:
+            write_blank(p, out, base + r)
 
 
 @wp.kernel(enable_backward=False)

@@ -7,6 +7,7 @@ trace against the scene at that time → echoes → intensity and detection → 
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -104,6 +105,8 @@ class Lidar:
         self._history: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._emitters: dict[str, Any] = {}
         self._tables: dict[int, Any] = {}
+        self._slot_pool: list[tuple[int, K.Slots]] = []  # slot buffers of finished renders, for the next one
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def preset(cls, name: str, *, scene: Scene | None = None, trajectory: Trajectory | None = None,
@@ -355,7 +358,7 @@ class Lidar:
         n_ticks = len(ticks.get("abs_ns", []))
         n_fire = n_ticks * c.number_of_emitters
         n_slots = n_fire * c.max_returns
-        slots = _alloc_slots(n_slots, d)
+        slots = self._take_slots(n_slots, fresh=requires_grad)
         geo = scene.device_geometry(d)
         refl, trans, ohash, pnum = self._scene_tables(scene)
         em, gain = self._emitter_table(), self._gain_array()
@@ -398,6 +401,8 @@ class Lidar:
                             refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes],
                            [slots], device=d)
         pc, src = self._compact(slots, n_slots, chans, p.want, frame, start_pose, end_pose, comp_ref)
+        if not requires_grad:  # (a tape keeps reading its render's slots)
+            self._give_slots(n_slots, slots)
         if requires_grad:
             n = pc.count
             coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
@@ -475,6 +480,20 @@ class Lidar:
         out.fire_ns, out.channel, out.hor, out.vert, out.dcorr = em.fire_ns, em.channel, em.hor, em.vert, em.dcorr
         return out, fresh(gain, "gain"), fresh(refl, "reflectance")
 
+    def _take_slots(self, n: int, fresh: bool) -> K.Slots:
+        """Slot buffers for ``n`` slots: those of an earlier render of the same size when one is free (no
+        allocation, no page faults: the fire kernel writes every slot it fires), else new ones."""
+        if not fresh:
+            with self._pool_lock:
+                for i, (m, slots) in enumerate(self._slot_pool):
+                    if m == n:
+                        return self._slot_pool.pop(i)[1]
+        return _alloc_slots(n, self.device)
+
+    def _give_slots(self, n: int, slots: K.Slots) -> None:
+        with self._pool_lock:
+            self._slot_pool = [e for e in self._slot_pool if e[0] != n][-1:] + [(n, slots)]  # two sizes at most
+
     def _fire_slots(self) -> tuple[wp.array, wp.array, int]:
         """Firing-time slots: each emitter-table entry's index among its state's distinct firing delays, the delays
         [ns] per (state, slot) (padded with the state's first), and the slot count per state. The emitters of one
@@ -509,8 +528,8 @@ class Lidar:
     def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], want: int, frame, start_pose, end_pose,
                  comp_ref: str) -> tuple[PointCloud, wp.array]:
         c, d = self.config, self.device
-        keep = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
-        index = wp.zeros(max(n_slots, 1), dtype=wp.int32, device=d)
+        keep = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)  # written in full by the keep mask and the scan
+        index = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)
         count = 0
         if n_slots:
             _launch.launch(K.keep_mask_kernel, n_slots, [slots.present, slots.flags, int(c.include_invalid_points)],
@@ -607,28 +626,18 @@ def _members(n: int, d) -> K.Members:
 
 
 def _alloc_slots(n: int, d) -> K.Slots:
+    """Slot buffers for ``n`` slots, uninitialised: :func:`wsim.kernels.lidar.lidar_fire_kernel` writes present and
+    flags of every slot and every other channel the compaction reads of every slot it fires."""
     n = max(n, 1)
     s = K.Slots()
-    s.present = wp.zeros(n, dtype=wp.uint8, device=d)
-    s.flags = wp.zeros(n, dtype=wp.uint8, device=d)
-    s.coords = wp.zeros(n, dtype=wp.vec3, device=d)
-    s.intensity = wp.zeros(n, dtype=float, device=d)
-    s.time_offset_ns = wp.zeros(n, dtype=wp.int32, device=d)
-    s.emitter = wp.zeros(n, dtype=wp.uint32, device=d)
-    s.channel = wp.zeros(n, dtype=wp.uint32, device=d)
-    s.tick = wp.zeros(n, dtype=wp.uint32, device=d)
-    s.echo = wp.zeros(n, dtype=wp.uint8, device=d)
-    s.state = wp.zeros(n, dtype=wp.uint8, device=d)
-    s.material_id = wp.zeros(n, dtype=wp.uint32, device=d)
-    s.object_id = wp.zeros(n, dtype=wp.vec4ui, device=d)
-    s.normal = wp.zeros(n, dtype=wp.vec3, device=d)
-    s.velocity = wp.zeros(n, dtype=wp.vec3, device=d)
-    s.semantic = wp.zeros(n, dtype=wp.int32, device=d)
-    for name in ("fire", "face", "inst", "material", "subray"):
-        setattr(s, name, wp.zeros(n, dtype=wp.int32, device=d))
-    for name in ("tau", "rep_t", "rep_s", "peak_r", "peak_s"):
-        setattr(s, name, wp.zeros(n, dtype=float, device=d))
-    s.noise = wp.zeros(n, dtype=wp.vec3, device=d)
+    for name, dtype in (("present", wp.uint8), ("flags", wp.uint8), ("coords", wp.vec3), ("intensity", float),
+                        ("time_offset_ns", wp.int32), ("emitter", wp.uint32), ("channel", wp.uint32),
+                        ("tick", wp.uint32), ("echo", wp.uint8), ("state", wp.uint8), ("material_id", wp.uint32),
+                        ("object_id", wp.vec4ui), ("normal", wp.vec3), ("velocity", wp.vec3), ("semantic", wp.int32),
+                        ("fire", wp.int32), ("face", wp.int32), ("inst", wp.int32), ("material", wp.int32),
+                        ("subray", wp.int32), ("tau", float), ("rep_t", float), ("rep_s", float), ("peak_r", float),
+                        ("peak_s", float), ("noise", wp.vec3)):
+        setattr(s, name, wp.empty(n, dtype=dtype, device=d))
     return s
 
 
