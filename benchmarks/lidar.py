@@ -193,10 +193,7 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
     out.update(bare_s=bare_s, bare_rays=len(o))
     if dev.is_cpu:
         verts, faces = raycast.flatten(scene, 0.5 * (t0 + t1))
-        from embreex import mesh_construction, rtcore_scene
-
-        escene = rtcore_scene.EmbreeScene()
-        mesh_construction.TriangleMesh(escene, verts, faces)
+        escene = raycast.embree_scene(verts, faces)
         far = np.full(len(o), c.far_range_m, np.float32)
         run = lambda: escene.run(o, d, dists=far.copy(), query="INTERSECT", output=1)  # noqa: E731
         r = run()

@@ -327,25 +327,29 @@ class Peer:
         self.scene = None
 
 
+def embree_scene(verts: np.ndarray, faces: np.ndarray):
+    """An embreex scene of the triangles, committed (embreex commits on the first query)."""
+    from embreex import mesh_construction, rtcore_scene
+
+    s = rtcore_scene.EmbreeScene()
+    mesh_construction.TriangleMesh(s, verts, faces)
+    s.run(np.zeros((1, 3), np.float32), np.array([[0, 0, 1]], np.float32))
+    return s
+
+
 class EmbreePeer(Peer):
     name = "Embree"
     package = "embreex"
 
     def __init__(self, threads: int) -> None:
         import embreex
-        from embreex import mesh_construction, rtcore_scene
 
         super().__init__(1)
         self.version = getattr(embreex, "__version__", "?")
-        self._mc, self._rs = mesh_construction, rtcore_scene
 
     def build(self, verts, faces) -> None:
         self.scene = None
-        s = self._rs.EmbreeScene()
-        self._mc.TriangleMesh(s, verts, faces)
-        # embreex commits the scene on the first query
-        s.run(np.zeros((1, 3), np.float32), np.array([[0, 0, 1]], np.float32))
-        self.scene = s
+        self.scene = embree_scene(verts, faces)
 
     def prepare(self, o, d):
         return o, d
