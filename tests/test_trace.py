@@ -119,6 +119,32 @@ def test_time_window_refit_keeps_hits(device):
     np.testing.assert_allclose(h["t"], 9.5, atol=1e-4)
 
 
+def test_time_windows_of_renders_in_flight_are_kept(device):
+    """Two renders on one scene at once (a lidar at t ≈ 1 s, a camera at t ≈ 8 s): while both trace, the top-level
+    bounds cover both windows, so neither misses the moving box; alone, a render gets its tight window again."""
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.prototypes.append(MeshData(bp, bf, 0))
+    ts = np.linspace(0, 10, 101)
+    s.instances.append(Instance(0, ts, np.column_stack([10 + 0 * ts, ts - 5, 0 * ts]), np.tile([0, 0, 0, 1.0], (101, 1))))
+    geo = SceneGeometry(s, device)
+
+    def hit_t(t):  # a ray along +x at the box centre's height at time t
+        return geo.trace([[0.0, t - 5.0, 0.0]], [[1.0, 0, 0]], t).numpy()["t"][0]
+
+    with geo.hold_time_window(1.0, 1.1):
+        assert hit_t(1.05) == pytest.approx(9.5, abs=1e-4)
+        with geo.hold_time_window(8.0, 8.1):  # opened by another thread meanwhile
+            assert geo.time_window == (1.0, 8.1)
+            assert hit_t(1.05) == pytest.approx(9.5, abs=1e-4)
+            assert hit_t(8.05) == pytest.approx(9.5, abs=1e-4)
+        assert hit_t(1.05) == pytest.approx(9.5, abs=1e-4)  # the other render finished first
+    with geo.hold_time_window(8.0, 8.1):
+        assert geo.time_window == (8.0, 8.1)  # tight again
+        assert hit_t(8.05) == pytest.approx(9.5, abs=1e-4)
+        assert geo.trace([[0.0, -3.95, 0.0]], [[1.0, 0, 0]], 1.05).numpy()["face"][0] == -1  # outside: culled
+
+
 def test_two_instances_share_one_blas(device):
     bp, bf = box_mesh([-1, -1, -1], [1, 1, 1])
     s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))

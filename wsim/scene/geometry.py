@@ -5,6 +5,9 @@ window. Built once per scene and device; a new time window only refits the top l
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -190,6 +193,8 @@ class SceneGeometry:
         """The top-level BVH over the instances' bounds swept over ``window`` [s] (None: all key times)."""
         self.tlas = None
         self.time_window = window
+        self._window_lock = threading.Lock()
+        self._window_users = 0  # open time_window blocks
         if self.instances:
             lo, hi = self._swept_bounds(window)
             self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=self.device)
@@ -236,9 +241,32 @@ class SceneGeometry:
     def set_time_window(self, t0: float | None, t1: float | None = None) -> None:
         """Tighten the top-level bounds to the instances' motion over [t0, t1] [s] (None: all key times).
 
-        Rays whose time lies outside the window may miss moving objects; sensors set the window of their frame.
+        Rays whose time lies outside the window may miss moving objects. Not for geometry other threads trace at
+        the same time: sensors use :meth:`hold_time_window`.
         """
         window = None if t0 is None else (float(t0), float(t1 if t1 is not None else t0))
+        with self._window_lock:
+            self._refit_window(window)
+
+    @contextmanager
+    def hold_time_window(self, t0: float | None, t1: float | None = None) -> Iterator[None]:
+        """Within the block, the top-level bounds cover the instances' motion over [t0, t1] [s] (None: all key
+        times) — tight when no other block is open, else the union with the windows of the blocks open in other
+        threads (the bounds then only grow while those renders trace, so none of them misses a moving object)."""
+        window = None if t0 is None else (float(t0), float(t1 if t1 is not None else t0))
+        with self._window_lock:
+            if self._window_users:
+                cur = self.time_window
+                window = None if window is None or cur is None else (min(cur[0], window[0]), max(cur[1], window[1]))
+            self._window_users += 1
+            self._refit_window(window)
+        try:
+            yield
+        finally:
+            with self._window_lock:
+                self._window_users -= 1
+
+    def _refit_window(self, window: tuple[float, float] | None) -> None:
         if self.tlas is None or window == self.time_window:
             return
         lo, hi = self._swept_bounds(window)

@@ -6,6 +6,7 @@ trace against the scene at that time → echoes → intensity and detection → 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 from typing import Any, Sequence
@@ -349,6 +350,19 @@ class Lidar:
 
     def _trace(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
                t0_ns: int, t1_ns: int, requires_grad: bool = False, overrides: dict | None = None) -> PointCloud:
+        # the moving objects' top-level bounds cover the frame's firings (and the pose window around them) while
+        # this render traces, whatever other threads render on the same scene meanwhile
+        window = contextlib.nullcontext()
+        if len(ticks.get("abs_ns", [])):
+            t_lo = min(frame[0], int(ticks["abs_ns"].min())) * 1e-9
+            t_hi = max(frame[1], int(ticks["abs_ns"].max() + ticks["period_ns"].max())) * 1e-9
+            window = scene.device_geometry(self.device).hold_time_window(t_lo - 1e-3, t_hi + 1e-3)
+        with window:
+            return self._trace_in_window(scene, ticks, frame, chans, comp_ref, t0_ns, t1_ns, requires_grad,
+                                         overrides)
+
+    def _trace_in_window(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
+                         t0_ns: int, t1_ns: int, requires_grad: bool, overrides: dict | None) -> PointCloud:
         c, d = self.config, self.device
         ts_ns, te_ns = frame
         ov = overrides or {}
@@ -376,9 +390,6 @@ class Lidar:
         custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
         tt = K.TickTable()
         if n_fire:
-            t_lo = min(ts_ns, int(ticks["abs_ns"].min())) * 1e-9
-            t_hi = max(te_ns, int(ticks["abs_ns"].max() + ticks["period_ns"].max())) * 1e-9
-            geo.set_time_window(t_lo - 1e-3, t_hi + 1e-3)
             abs_ns = ticks["abs_ns"].astype(np.int64)
             fire_t = abs_ns * 1e-9 if not c.instant_lidar else np.full(n_ticks, t0_ns * 1e-9)
             tt.time = wp.array(fire_t.astype(np.float32), dtype=float, device=d)

@@ -90,7 +90,6 @@ def render_panorama(
         device: Warp device (default: Warp's default device).
     """
     geo = scene.device_geometry(device)
-    geo.set_time_window(time, time)
     az_deg = 180.0 - (np.arange(width) + 0.5) * 360.0 / width
     el_deg = np.linspace(elevation_deg[1], elevation_deg[0], height)
     az = np.deg2rad(az_deg) + float(heading_rad)
@@ -99,11 +98,12 @@ def render_panorama(
     d = np.stack([ce * np.cos(az)[None], ce * np.sin(az)[None], np.broadcast_to(np.sin(el)[:, None], (height, width))],
                  -1).reshape(-1, 3)
     o = np.broadcast_to(np.asarray(position, np.float32), d.shape)
-    geo.trace(o[:8], d[:8], time, t_max=max_range_m)  # compile outside the timing
-    t0 = _time.perf_counter()
-    hits = geo.trace(o, d, time, t_max=max_range_m)
-    wp.synchronize_device(geo.device)
-    dt = _time.perf_counter() - t0
+    with geo.hold_time_window(time, time):
+        geo.trace(o[:8], d[:8], time, t_max=max_range_m)  # compile outside the timing
+        t0 = _time.perf_counter()
+        hits = geo.trace(o, d, time, t_max=max_range_m)
+        wp.synchronize_device(geo.device)
+        dt = _time.perf_counter() - t0
     h = hits.numpy()
     ok = h["face"] >= 0
     refl = np.array([m.reflectance for m in scene.materials], np.float32)
