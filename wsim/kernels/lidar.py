@@ -543,7 +543,9 @@ def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay,
     rep = rng + em.dcorr[fr.table] + noise[0]
     if p.range_res > 0.0:
         rep = quantize_range(rep, p.range_res)
-    dir_s = sph_dir(fr.az + noise[1], fr.el + noise[2])
+    dir_s = ray.dir_s  # the emitter's direction, unless the delivered angles are noisy
+    if noise[1] != 0.0 or noise[2] != 0.0:
+        dir_s = sph_dir(fr.az + noise[1], fr.el + noise[2])
     if p.frame == FRAME_SENSOR:
         c = ray.origin_s + dir_s * rep
         if p.compensated != 0:
