@@ -83,7 +83,7 @@ def test_serial_two_workers_and_ray_give_identical_bytes(serial, tmp_path):
     for root in (local, on_ray):
         shards = manifest(root)["shards"]
         assert sorted(shards) == [f"{seq}/000000-000004", f"{seq}/000005-000009"]
-        assert all(e["status"] == "done" and e["attempts"] == 1 for e in shards.values())
+        assert all(e["status"] == "done" and e["attempts"] == 1 for e in shards.values()), (root.name, shards)
 
 
 def _decoder(schema):
@@ -198,8 +198,10 @@ def test_crashed_shard_is_retried(tmp_path, monkeypatch):
     doc["frames"] = {"rate_hz": 10, "start_s": 1.0, "count": 2, "chunk": 1}
     s = run_dataset(parse_spec(doc), root, workers=1, retries=1, progress=False)
     assert s.ok and s.rendered == 2 and s.retried == 1
-    attempts = sorted(e["attempts"] for e in manifest(root)["shards"].values())
-    assert attempts == [1, 2]
+    entries = sorted(manifest(root)["shards"].values(), key=lambda e: e["attempts"])
+    assert [e["attempts"] for e in entries] == [1, 2]
+    assert "retried_after" not in entries[0]  # a retried shard says why it was retried
+    assert len(entries[1]["retried_after"]) == 1 and "exit code 86" in entries[1]["retried_after"][0]
 
 
 def test_variants_change_only_what_they_name(tmp_path, builtin):

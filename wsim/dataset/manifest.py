@@ -68,7 +68,9 @@ class Manifest:
         return True
 
     def record(self, task: ShardTask, status: str, *, attempts: int, result: dict[str, Any] | None = None,
-               error: str | None = None) -> None:
+               error: str | None = None, retried_after: list[str] | None = None) -> None:
+        """One shard's entry: ``error`` the last attempt's (a failed shard), ``retried_after`` the errors of the
+        attempts before the last, oldest first (kept so that a retried shard says why it was retried)."""
         e: dict[str, Any] = {
             "status": status, "inputs_hash": task.inputs_hash, "scene": task.scene_name, "variant": task.variant,
             "frames": [task.frames[0][0], task.frames[-1][0]], "attempts": attempts,
@@ -78,6 +80,8 @@ class Manifest:
                      seconds=round(float(result["seconds"]), 3))
         if error:
             e["error"] = error
+        if retried_after:
+            e["retried_after"] = list(retried_after)
         self.shards[task.shard_id] = e
 
     def save(self) -> None:

@@ -122,13 +122,16 @@ class _Attempts:
     def __init__(self, retries: int) -> None:
         self.retries = retries
         self.count: dict[str, int] = {}
+        self.errors: dict[str, list[str]] = {}  # shard id -> the errors of its failed attempts, in order
         self.retried = 0
 
     def next(self, task: ShardTask) -> int:
         self.count[task.shard_id] = self.count.get(task.shard_id, 0) + 1
         return self.count[task.shard_id]
 
-    def again(self, task: ShardTask) -> bool:
+    def again(self, task: ShardTask, error: str) -> bool:
+        """Whether a shard whose attempt failed with ``error`` is tried again (the error is kept either way)."""
+        self.errors.setdefault(task.shard_id, []).append(error)
         ok = self.count.get(task.shard_id, 0) <= self.retries
         self.retried += ok
         return ok
@@ -155,7 +158,7 @@ def _run_in_process(tasks: list[ShardTask], root: Path, threads: int | None, att
                 result = render_shard(task, root, progress=frame)
             except Exception as e:  # noqa: BLE001 - a shard's failure is recorded, the run goes on
                 cb["frames"](task, -seen[0])
-                if att.again(task):
+                if att.again(task, _error_text(e)):
                     queue.appendleft(task)
                 else:
                     cb["fail"](task, _error_text(e), n)
@@ -222,7 +225,7 @@ def _run_local(tasks: list[ShardTask], root: Path, workers: int, threads: int | 
     def failed(w: _Worker, error: str) -> None:
         task, w.task = w.task, None
         cb["frames"](task, -w.frames)
-        if att.again(task):
+        if att.again(task, error):
             queue.appendleft(task)
         else:
             cb["fail"](task, error, w.attempt)
@@ -322,12 +325,13 @@ def _run_ray(tasks: list[ShardTask], root: Path, address: str | None, threads: i
                 try:
                     result = ray.get(ref)
                 except Exception as e:  # noqa: BLE001 - RayTaskError (an exception in the task), a crashed worker
-                    if att.again(task):
+                    cause = getattr(e, "cause", None)
+                    error = (_error_text(cause) if cause is not None else
+                             _one_line(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                    if att.again(task, error):
                         submit(task)
                     else:
-                        cause = getattr(e, "cause", None)
-                        cb["fail"](task, _error_text(cause) if cause is not None else
-                                   _one_line(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"), n)
+                        cb["fail"](task, error, n)
                     continue
                 cb["frames"](task, task.num_frames)
                 cb["done"](task, result, n)
@@ -423,7 +427,7 @@ def _run(plan: Plan, root: Path, workers: int | None, threads: int | None, ray: 
         bar.frames(n)
 
     def on_done(task: ShardTask, result: dict, attempts: int) -> None:
-        manifest.record(task, "done", attempts=attempts, result=result)
+        manifest.record(task, "done", attempts=attempts, result=result, retried_after=att.errors.get(task.shard_id))
         manifest.save()
         summary.rendered += 1
         summary.frames += result["frames"]
@@ -432,7 +436,8 @@ def _run(plan: Plan, root: Path, workers: int | None, threads: int | None, ray: 
         bar.shard(True)
 
     def on_fail(task: ShardTask, error: str, attempts: int) -> None:
-        manifest.record(task, "failed", attempts=attempts, error=error)
+        manifest.record(task, "failed", attempts=attempts, error=error,
+                        retried_after=att.errors.get(task.shard_id, [])[:-1])
         manifest.save()
         summary.failures.append((task.shard_id, error))
         bar.shard(False)
