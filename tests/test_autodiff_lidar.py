@@ -397,3 +397,175 @@ def test_beam_echo_gradients_through_every_contribution(device, ray_type):
 
     g_r = fd(with_refl, np.array([scene.materials[1].reflectance, scene.materials[2].reflectance]), 1e-3)
     assert_close(pc.inputs["reflectance"].grad.numpy()[1:3], g_r)
+
+
+# ----------------------------------------------------------------------------------- AT128 and motion compensation
+def _bridge_fd_check(loss, x0: dict, eps: dict, rng, *, n_pick: int = 4, rel: float = 1e-2) -> dict:
+    """The torch bridge's gradient of ``loss`` (a function of a dict of float64 tensors) for every input of ``x0``
+    against central FD of the same loss. Small inputs: every component. Large ones (AT128's 153 600-entry emitter
+    tables): the directional derivative along a random direction (all components at once), plus ``n_pick``
+    single components among those that matter. Returns the measured relative errors."""
+    x = {k: v.clone().requires_grad_(True) for k, v in x0.items()}
+    loss(x).backward()
+    errs = {}
+    for name, v0 in x0.items():
+        g = x[name].grad.numpy()
+        base = v0.numpy()
+
+        def f(v, name=name):
+            return float(loss({**x0, name: torch.as_tensor(v)}))
+
+        if base.size <= 16:
+            ref = fd(f, base.copy(), eps[name])
+            assert np.abs(ref).sum() > 0, name
+            assert_close(g, ref, rel)
+            errs[name] = float(np.linalg.norm(g - ref) / np.linalg.norm(ref))
+            continue
+        nz = np.flatnonzero(g)
+        assert 0 < nz.size < base.size, name  # the emitters that fired in the window, and only those
+        d = rng.normal(size=base.shape)
+        dd = (f(base + eps[name] * d) - f(base - eps[name] * d)) / (2 * eps[name])
+        assert abs(dd) > 0, name
+        assert_close(np.sum(g * d), dd, rel)
+        errs[name + " (directional)"] = abs(float(np.sum(g * d)) - dd) / abs(dd)
+        pick = rng.choice(nz, n_pick, replace=False)
+        flat = base.reshape(-1)
+        ref = np.array([(f(np.where(np.arange(flat.size) == i, flat + eps[name], flat).reshape(base.shape))
+                         - f(np.where(np.arange(flat.size) == i, flat - eps[name], flat).reshape(base.shape)))
+                        / (2 * eps[name]) for i in pick])
+        assert np.all(ref != 0), name
+        assert_close(g.reshape(-1)[pick], ref, rel)
+        errs[name + f" ({n_pick} entries)"] = float(np.linalg.norm(g.reshape(-1)[pick] - ref) / np.linalg.norm(ref))
+    return errs
+
+
+AT128_WINDOW = (0.049, 0.051)  # 2 ms of the 100 ms mirror sweep: 24 columns × 128 channels around azimuth 0
+
+
+@pytest.mark.parametrize("coords", [CoordsType.SPHERICAL, CoordsType.CARTESIAN])
+def test_at128_preset_gradients_match_finite_differences(device, coords):
+    """The AT128 preset (solid state, 1200 × 128 emitters, SENSOR frame) through the torch bridge, the sensor moving
+    across the rendered 2 ms of the sweep: gradients w.r.t. both trajectory keys, the emitter azimuth/elevation
+    tables, the gain, the reflectance and the plane's vertices equal central FD of the bridge's renders, and the
+    bridge's outputs equal a plain render's."""
+    scene = tilted_plane_scene(rho=0.4)
+    t0, t1 = AT128_WINDOW
+    q1 = quat_from_axis_angle([0.1, -0.2, 1.0], 0.16)
+    traj = Trajectory([t0, t1], [POS, POS + [0.05, 0.02, -0.01]], [QUAT, q1])
+    lid = Lidar.preset("AT128", scene=scene, trajectory=traj, partial_outputs=True, elements_coords_type=coords,
+                       device=device)
+    plain = lid.render(t0, t1)
+    n = plain.count
+    assert n == 24 * 128
+    e = lid.config.number_of_emitters
+    st = lid.config.emitter_states[0]
+    x0 = {
+        "translations": torch.tensor(traj.translations, dtype=torch.float64),
+        "rotations": torch.tensor(traj.rotations, dtype=torch.float64),
+        "azimuth_deg": torch.tensor(st.azimuth_deg, dtype=torch.float64),
+        "elevation_deg": torch.tensor(st.elevation_deg, dtype=torch.float64),
+        "gain": torch.full((e,), 0.8, dtype=torch.float64),
+        "reflectance": torch.tensor([0.2, 0.4], dtype=torch.float64),
+        "vertex_offsets": torch.zeros((len(scene.static.points), 3), dtype=torch.float64),
+    }
+    rng = np.random.default_rng(17)
+    wc = torch.as_tensor(rng.normal(size=(3, n)))
+    wi = torch.as_tensor(rng.normal(size=n) * 30.0)
+
+    def render(x):
+        return lidar_render(lid, t0, t1, LidarInputs(pose_times=traj.times, **x))
+
+    c, _ = render({})
+    c = c.detach().cpu().numpy()
+    assert c.tobytes() == plain["Coordinates"].numpy().tobytes()  # the bridge renders what a plain render does
+
+    def loss(x):
+        coords, inten = render(x)
+        assert coords.shape == (3, n)
+        return (wc * coords.cpu().double()).sum() + (wi * inten.cpu().double()).sum()
+
+    # translation step 1 cm: ranges to the plane are linear in the sensor position (float32 FD noise ∝ 1/step)
+    eps = {"translations": 1e-2, "rotations": 1e-3, "azimuth_deg": 1e-2, "elevation_deg": 1e-2, "gain": 1e-3,
+           "reflectance": 1e-3, "vertex_offsets": 1e-2}
+    errs = _bridge_fd_check(loss, x0, eps, rng)
+    assert len(errs) == 10
+
+
+def _sweep_config(**kw) -> LidarConfig:
+    """A rotary sweep (360 ticks of 1°, 4 emitters firing 0–0.2 ms = 0–0.72° into their tick): its azimuth window
+    330.9°…29.9° (boundaries clear of every firing's spin angle) takes the ticks 331°…29°, the first and the last
+    8 ms of the 100 ms scan, while the sensor moves along a three-key trajectory."""
+    n = 4
+    st = EmitterState(np.array([0.3, -0.4, 0.6, -0.2], np.float32), np.array([-6.0, -1.0, 3.0, 7.0], np.float32),
+                      np.array([0, 60_000, 120_000, 200_000], np.int64), np.arange(1, n + 1, dtype=np.uint32),
+                      np.array([0.02, -0.03, 0.01, 0.0], np.float32), np.array([0.0, 0.01, -0.02, 0.03], np.float32),
+                      np.zeros(n, np.float32))
+    cfg = LidarConfig(scan_type=ScanType.ROTARY, scan_rate_base_hz=10.0, pattern_firing_rate_hz=3600.0,
+                      number_of_emitters=n, number_of_channels=n, emitter_states=[st],
+                      valid_start_azimuth_deg=330.9, valid_end_azimuth_deg=29.9, **kw)
+    cfg.validate()
+    return cfg
+
+
+SWEEP_TIMES = np.array([0.0, 0.05, 0.1])
+SWEEP_POS = np.array([[0.0, 0.0, 0.5], [0.8, 0.3, 0.55], [1.7, 0.5, 0.45]])
+SWEEP_QUAT = np.array([quat_from_axis_angle([0.1, 0.2, 1.0], a) for a in (0.0, 0.06, 0.16)])
+
+
+@pytest.mark.parametrize("comp,ref,coords", [
+    ("COMPENSATED", "start", CoordsType.CARTESIAN),
+    ("COMPENSATED", "end", CoordsType.SPHERICAL),
+    ("NONCOMPENSATED", "start", CoordsType.CARTESIAN),
+])
+def test_sensor_frame_motion_compensation_gradients(device, comp, ref, coords):
+    """SENSOR output frame with the sensor moving (1.8 m, 9°) along a three-key trajectory during the sweep,
+    motion-compensated to the frame start or end (or not): the torch bridge's gradients w.r.t. every key's
+    translation and rotation, the emitter angles, gain and reflectance equal central FD; the compensation is
+    really applied (the points differ from the uncompensated ones by decimetres) and every key matters."""
+    from wsim.sensors.lidar_config import FrameOfReference, MotionCompensation
+
+    scene = tilted_plane_scene(rho=0.4)
+    traj = Trajectory(SWEEP_TIMES, SWEEP_POS, SWEEP_QUAT)
+    cfg = _sweep_config(output_frame_of_reference=FrameOfReference.SENSOR,
+                        output_motion_compensation_state=MotionCompensation[comp], elements_coords_type=coords)
+    lid = Lidar(config=cfg, scene=scene, trajectory=traj, device=device)
+    plain = lid.render(0.0, 0.1, compensation_reference=ref)
+    n = plain.count
+    assert n == 4 * 59
+    assert plain.params["motionCompensationState"] == int(comp == "COMPENSATED")
+    other = Lidar(config=cfg.replace(output_motion_compensation_state=MotionCompensation[
+        "NONCOMPENSATED" if comp == "COMPENSATED" else "COMPENSATED"]), scene=scene, trajectory=traj, device=device)
+    moved = np.abs(other.render(0.0, 0.1, compensation_reference=ref)["Coordinates"].numpy()
+                   - plain["Coordinates"].numpy()).max()
+    assert moved > 0.2
+    rng = np.random.default_rng(23)
+    wc = torch.as_tensor(rng.normal(size=(3, n)))
+    wi = torch.as_tensor(rng.normal(size=n) * 30.0)
+
+    def render(x):
+        return lidar_render(lid, 0.0, 0.1, LidarInputs(pose_times=SWEEP_TIMES, **x), compensation_reference=ref)
+
+    c, _ = render({})
+    assert c.detach().cpu().numpy().tobytes() == plain["Coordinates"].numpy().tobytes()
+
+    def loss(x):
+        coords_, inten = render(x)
+        assert coords_.shape == (3, n)
+        return (wc * coords_.cpu().double()).sum() + (wi * inten.cpu().double()).sum()
+
+    x0 = {
+        "translations": torch.tensor(SWEEP_POS, dtype=torch.float64),
+        "rotations": torch.tensor(SWEEP_QUAT, dtype=torch.float64),
+        "azimuth_deg": torch.tensor(cfg.emitter_states[0].azimuth_deg, dtype=torch.float64),
+        "elevation_deg": torch.tensor(cfg.emitter_states[0].elevation_deg, dtype=torch.float64),
+        "gain": torch.full((4,), 0.8, dtype=torch.float64),
+        "reflectance": torch.tensor([0.2, 0.4], dtype=torch.float64),
+    }
+    eps = {"translations": 1e-2, "rotations": 1e-3, "azimuth_deg": 1e-2, "elevation_deg": 1e-2, "gain": 1e-3,
+           "reflectance": 1e-3}
+    x = {k: v.clone().requires_grad_(True) for k, v in x0.items()}
+    loss(x).backward()
+    for k in range(3):  # every key of the trajectory moves some points
+        assert x["translations"].grad[k].abs().sum() > 0.1 and x["rotations"].grad[k].abs().sum() > 0.1, k
+    errs = _bridge_fd_check(loss, x0, eps, rng)
+    assert len(errs) == 6

@@ -60,7 +60,7 @@ def _f32(t: torch.Tensor) -> np.ndarray:
 
 class _LidarRender(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, lidar: Lidar, t0: float, t1: float, pose_times, scene, *tensors):  # noqa: D401
+    def forward(ctx, lidar: Lidar, t0: float, t1: float, pose_times, scene, comp_ref: str, *tensors):  # noqa: D401
         ins = dict(zip(_ORDER, tensors))
         ov: dict = {}
         if ins["translations"] is not None or ins["rotations"] is not None:
@@ -90,7 +90,8 @@ class _LidarRender(torch.autograd.Function):
         frame_id = lidar.frame_id
         # the render sees the offset vertices; the shared device mesh is restored (and refitted) afterwards
         with _StaticPoints(geo, offsets, refit=True):
-            pc = lidar.render(t0, t1, scene=scene, requires_grad=True, _overrides=ov)
+            pc = lidar.render(t0, t1, scene=scene, compensation_reference=comp_ref, requires_grad=True,
+                               _overrides=ov)
         lidar.frame_id = frame_id  # a differentiable render leaves no trace on the sensor
         ctx.pc, ctx.geo, ctx.offsets = pc, geo, offsets
         ctx.shapes = [(t.shape, t.dtype, t.device) if t is not None else None for t in tensors]
@@ -139,7 +140,7 @@ class _LidarRender(torch.autograd.Function):
             g = grads_out.get(name)
             out.append(torch.zeros(shape, dtype=dtype, device=device) if g is None
                        else torch.as_tensor(np.array(g).reshape(shape), dtype=dtype, device=device))
-        return (None, None, None, None, None, *out)
+        return (None, None, None, None, None, None, *out)
 
 
 def point_cloud_of(coords: torch.Tensor) -> Any:
@@ -152,7 +153,7 @@ def point_cloud_of(coords: torch.Tensor) -> Any:
 
 
 def lidar_render(lidar: Lidar, t0: float, t1: float, inputs: LidarInputs | None = None, *,
-                 scene: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 scene: Any = None, compensation_reference: str = "start") -> tuple[torch.Tensor, torch.Tensor]:
     """Differentiable lidar render.
 
     Args:
@@ -160,6 +161,8 @@ def lidar_render(lidar: Lidar, t0: float, t1: float, inputs: LidarInputs | None 
         t0, t1: Render step [s] (scene clock); the same delivery rules as :meth:`wsim.Lidar.render`.
         inputs: Torch tensors to differentiate with respect to (see :class:`LidarInputs`).
         scene: Scene (default: the lidar's).
+        compensation_reference: "start" (timestampNs) or "end" (frame end): the reference instant of SENSOR +
+            COMPENSATED output, as for :meth:`wsim.Lidar.render`.
 
     Returns:
         ``coords`` (3, N) float32 — Coordinates, component-first, in the lidar's output frame and representation —
@@ -171,4 +174,5 @@ def lidar_render(lidar: Lidar, t0: float, t1: float, inputs: LidarInputs | None 
     """
     inputs = inputs or LidarInputs()
     tensors = [getattr(inputs, k) for k in _ORDER]
-    return _LidarRender.apply(lidar, float(t0), float(t1), inputs.pose_times, scene, *tensors)
+    return _LidarRender.apply(lidar, float(t0), float(t1), inputs.pose_times, scene, compensation_reference,
+                              *tensors)
