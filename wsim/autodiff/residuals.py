@@ -28,7 +28,7 @@ import torch
 
 from ..sensors.lidar_config import CoordsType
 
-__all__ = ["firing_keys", "sensor_points", "SurfaceMatch", "match_surface"]
+__all__ = ["firing_keys", "sensor_points", "material_indices", "SurfaceMatch", "match_surface"]
 
 
 def firing_keys(pc: Any, lidar: Any) -> np.ndarray:
@@ -58,6 +58,46 @@ def sensor_points(pc: Any, lidar: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(c.T))
 
 
+def material_indices(pc: Any, scene: Any) -> np.ndarray:
+    """(N,) int64 index into ``scene.materials`` of the surface each return hit, from the ObjectId channel (the hit
+    object's prim-path hash and part number); e.g. to give each intensity residual its material's reflectance as the
+    only parameter it depends on.
+
+    −1 where the ObjectId does not name one material: objects whose parts share a hashed prim path and part number
+    but differ in material (the built-in block's multi-part static objects all hash their common path
+    ``/World/Static``; give each part its own ``object_id`` before the first render to tell them apart), and
+    misses."""
+    from ..sensors.lidar import object_id_tables
+
+    table, part_number = object_id_tables(scene)
+    lookup: dict[tuple[int, ...], int] = {}
+
+    def add(key: tuple[int, ...], material: int) -> None:
+        lookup[key] = material if lookup.get(key, material) == material else -1
+
+    for i, part in enumerate(scene.parts):
+        if part.object_id:
+            add((*table[part.object_id].tolist(), int(part_number[i])), int(part.material))
+    for inst in scene.instances:
+        for part in np.unique(scene.prototypes[inst.prototype].tri_part):
+            add((*table[inst.object_id].tolist(), int(part_number[part])), int(scene.parts[part].material))
+    oid = pc["ObjectId"].numpy().reshape(-1, 4)
+    if not len(oid):
+        return np.zeros(0, np.int64)
+    first, inverse = np.unique(_words_key(oid), return_index=True, return_inverse=True)[1:]
+    mats = np.array([lookup.get(tuple(row), -1) for row in oid[first].astype(np.int64).tolist()], np.int64)
+    return mats[inverse.reshape(-1)]
+
+
+def _words_key(w: np.ndarray) -> np.ndarray:
+    """One uint64 per row of four uint32 words (a 64-bit mix: distinct ObjectIds collide with probability ~2⁻⁶⁴)."""
+    w = w.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        a = (w[:, 0] << np.uint64(32)) | w[:, 1]
+        b = (w[:, 2] << np.uint64(32)) | w[:, 3]
+        return a * np.uint64(0x9E3779B97F4A7C15) ^ b
+
+
 @dataclass
 class SurfaceMatch:
     """Measured returns matched to the model surface: the fixed correspondence set of point-to-plane residuals.
@@ -66,11 +106,14 @@ class SurfaceMatch:
         index: (N,) int64 positions of the matched returns among the measured keys given to :func:`match_surface`.
         points: (N, 3) float64 model surface points [m], in the model point cloud's output frame.
         normals: (N, 3) float64 unit surface normals there (same frame; their sign is the mesh winding's).
+        model_index: (N,) int64 positions of the matched returns in the model point cloud (to read its other
+            channels: intensity, material, firing time).
     """
 
     index: torch.Tensor
     points: torch.Tensor
     normals: torch.Tensor
+    model_index: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.index.shape[0])
@@ -83,7 +126,7 @@ class SurfaceMatch:
     def subset(self, keep: torch.Tensor | np.ndarray) -> SurfaceMatch:
         """The correspondences where ``keep`` (N,) bool (or the listed positions) holds."""
         keep = torch.as_tensor(keep)
-        return SurfaceMatch(self.index[keep], self.points[keep], self.normals[keep])
+        return SurfaceMatch(self.index[keep], self.points[keep], self.normals[keep], self.model_index[keep])
 
 
 def match_surface(measured_keys: np.ndarray, model_pc: Any, model_lidar: Any) -> SurfaceMatch:
@@ -114,4 +157,5 @@ def match_surface(measured_keys: np.ndarray, model_pc: Any, model_lidar: Any) ->
     n = model_pc["HitNormal"].numpy().astype(np.float64)[src]
     n /= np.maximum(np.linalg.norm(n, axis=1, keepdims=True), 1e-12)
     return SurfaceMatch(torch.from_numpy(np.nonzero(found)[0].astype(np.int64)),
-                        torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(n)))
+                        torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(np.ascontiguousarray(n)),
+                        torch.from_numpy(src.astype(np.int64)))

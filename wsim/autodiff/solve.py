@@ -370,21 +370,21 @@ def least_squares(
             x = x_new
             new_cost = c_new
             n_rows = None if reselect is not None else rows_new
+            refresh(x)  # a new correspondence set for the next linearisation
+        done = None
+        if stop_step:
+            done = "step"
+        elif not accepted:
+            done = "no decrease"
+        elif cost - new_cost <= cost_tolerance * cost:
+            done = "cost"
         history.append(Iteration(it, x.clone(), cost, new_cost, gnorm, snorm, lam, accepted, r.shape[0], k,
                                  time.perf_counter() - t_it))
         if callback is not None:
             callback(history[-1])
-        if stop_step:
-            reason, converged = "step", True
+        if done is not None:
+            reason, converged = done, done != "no decrease"
             break
-        if not accepted:
-            reason = "no decrease"
-            break
-        if cost - new_cost <= cost_tolerance * cost:
-            refresh(x)
-            reason, converged = "cost", True
-            break
-        refresh(x)
     final = trial(x)[0]
     return SolveResult(x=x, cost=robust_cost(final, loss, float(scale_of(len(history)))), converged=converged,
                        reason=reason, iterations=len(history), history=history, normal_matrix=a)
