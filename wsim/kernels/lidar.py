@@ -31,7 +31,8 @@ from .lidar_types import (  # noqa: F401
     WANT_OBJECT, WANT_MATERIAL, WANT_SEMANTIC, WANT_DIFF,
 )
 from .pose import difference_window, key_segment, quat_slerp_shortest
-from .trace import Hit, SceneGeo, closest_hit, continue_past, hit_distance, miss, point_velocity
+from .packet import mat64x3, mat64x4, wide_packet
+from .trace import Hit, SceneGeo, closest_hit, closest_hit_given, continue_past, hit_distance, miss, point_velocity
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
@@ -204,19 +205,41 @@ def beam_weight_sum(n: int, gaussian: int) -> float:
     return s
 
 
+@wp.kernel
+def beam_table_kernel(p: LidarParams, out: wp.array[wp.vec3]):
+    """The beam's sub-rays once per render: (tan of the horizontal offset angle, tan of the vertical one, weight
+    normalised by the sum of weights) of sub-ray k (the table :func:`subray_dir` and :func:`walk_beam` read)."""
+    k = wp.tid()
+    gauss = wp.where(p.ray_type == RAY_GAUSSIAN, 1, 0)
+    o = beam_offset(k, p.beam_n, gauss)
+    out[k] = wp.vec3(wp.tan(o[0] * 0.5 * p.div_h), wp.tan(o[1] * 0.5 * p.div_v), o[2] / beam_weight_sum(p.beam_n, gauss))
+
+
+@wp.func(inline=True)
+def beam_h(d: wp.vec3) -> wp.vec3:
+    """The beam footprint's horizontal axis around centre direction d (unit): up × d (y when d is vertical)."""
+    up = wp.vec3(0.0, 0.0, 1.0)
+    h = wp.cross(up, d)
+    if wp.length(h) < 1.0e-6:
+        h = wp.vec3(0.0, 1.0, 0.0)
+    return wp.normalize(h)
+
+
+@wp.func(inline=True)
+def subray_in(d: wp.vec3, h: wp.vec3, k: int, p: LidarParams) -> wp.vec3:
+    """Direction of beam sub-ray k around the centre direction d, the footprint's horizontal axis h known."""
+    if p.ray_type == RAY_IDEALIZED or k == 0:
+        return d
+    b = p.beam[k]
+    return wp.normalize(d + h * b[0] + wp.cross(d, h) * b[1])
+
+
 @wp.func(inline=True)
 def subray_dir(d: wp.vec3, k: int, p: LidarParams) -> wp.vec3:
     """Direction of beam sub-ray k around the centre direction d (unit)."""
     if p.ray_type == RAY_IDEALIZED or k == 0:
         return d
-    o = beam_offset(k, p.beam_n, wp.where(p.ray_type == RAY_GAUSSIAN, 1, 0))
-    up = wp.vec3(0.0, 0.0, 1.0)
-    h = wp.cross(up, d)
-    if wp.length(h) < 1.0e-6:
-        h = wp.vec3(0.0, 1.0, 0.0)
-    h = wp.normalize(h)
-    v = wp.cross(d, h)
-    return wp.normalize(d + h * wp.tan(o[0] * 0.5 * p.div_h) + v * wp.tan(o[1] * 0.5 * p.div_v))
+    return subray_in(d, beam_h(d), k, p)
 
 
 # ----------------------------------------------------------------------------------------- 4. surface walk
@@ -291,13 +314,30 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
     cc = vec64i()
     ct = vec64f()
     m = int(0)
-    gauss = wp.where(p.ray_type == RAY_GAUSSIAN, 1, 0)
-    wsum = beam_weight_sum(p.beam_n, gauss)
+    bh = beam_h(ray.dir)
+    first = mat64x4()
+    if p.packet != 0:  # every sub-ray's static surface in one traversal (the same bits as one by one)
+        dirs = mat64x3()
+        lo = vec64f()
+        hi = vec64f()
+        for k in range(p.beam_n):
+            dk = subray_in(ray.dir, bh, k, p)
+            dirs[k, 0] = dk[0]
+            dirs[k, 1] = dk[1]
+            dirs[k, 2] = dk[2]
+            hi[k] = p.far
+        first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                            ray.origin, dirs, lo, hi, p.beam_n)
     for k in range(p.beam_n):
-        w = beam_offset(k, p.beam_n, gauss)[2] / wsum
-        dk = subray_dir(ray.dir, k, p)
+        w = p.beam[k][2]
+        dk = subray_in(ray.dir, bh, k, p)
         tau = float(1.0)
-        h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
+        h = miss()
+        if p.packet != 0:
+            h = closest_hit_given(geo, ray.origin, dk, 0.0, p.far, time,
+                                  wp.vec4(first[k, 0], first[k, 1], first[k, 2], first[k, 3]))
+        else:
+            h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
         depth = int(0)
         while h.face >= 0 and depth < p.hits_per_subray and m < MAX_CONTRIB:
             s = w * tau * surface_signal(h, dk, refl)

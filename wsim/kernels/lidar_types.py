@@ -70,6 +70,8 @@ class LidarParams:
     compensated: wp.int32
     spherical: wp.int32
     want: wp.int32  # WANT_* bits
+    packet: wp.int32  # 1: a beam's sub-rays traverse the static wide BVH as one packet (CPU)
+    beam: wp.array[wp.vec3]  # per sub-ray k: tan of its horizontal and vertical offset angles, weight / Σ weights
 
 
 @wp.struct

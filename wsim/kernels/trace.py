@@ -105,40 +105,18 @@ def miss() -> Hit:
     return h
 
 
-@wp.func
-def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, t_max: float, time: float) -> Hit:
-    """Closest surface along ``origin + t·direction`` with ``t_min < t < t_max`` [m], the scene placed at ``time`` [s].
-
-    ``direction`` must be unit length (then t is in metres).
-    """
-    best_t = t_max
-    best_face = int(-1)
+@wp.func(inline=True)
+def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, time: float, static_t: float,
+                    static_face: int, su: float, sv: float, sn: wp.vec3) -> Hit:
+    """The closest of the static surface found (``static_face`` < 0: none, ``static_t`` then the range's end) and
+    the instances' surfaces nearer than it, as a Hit."""
+    best_t = static_t
+    best_face = static_face
     best_inst = int(-1)
-    bu = float(0.0)
-    bv = float(0.0)
-    bn = wp.vec3(0.0, 0.0, 1.0)
+    bu = su
+    bv = sv
+    bn = sn
     start = origin + direction * t_min
-    span = t_max - t_min
-    if geo.static_mesh != wp.uint64(0):
-        if geo.use_wide != 0:
-            w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                             start, direction, span)
-            if w[1] >= 0.0:
-                best_t = t_min + w[0]
-                best_face = int(w[1])
-                bu = w[2]
-                bv = w[3]
-                m = wp.mesh_get(geo.static_mesh)
-                a = m.points[m.indices[best_face * 3]]
-                bn = wp.cross(m.points[m.indices[best_face * 3 + 1]] - a, m.points[m.indices[best_face * 3 + 2]] - a)
-        else:
-            q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
-            if q.result:
-                best_t = t_min + q.t
-                best_face = q.face
-                bu = q.u
-                bv = q.v
-                bn = q.normal
     if geo.num_instances > 0:
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
@@ -210,6 +188,64 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
     h.material = geo.part_material[h.part]
     h.material_id = geo.material_code[h.material]
     return h
+
+
+@wp.func
+def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, t_max: float, time: float) -> Hit:
+    """Closest surface along ``origin + t·direction`` with ``t_min < t < t_max`` [m], the scene placed at ``time`` [s].
+
+    ``direction`` must be unit length (then t is in metres).
+    """
+    best_t = t_max
+    best_face = int(-1)
+    bu = float(0.0)
+    bv = float(0.0)
+    bn = wp.vec3(0.0, 0.0, 1.0)
+    start = origin + direction * t_min
+    span = t_max - t_min
+    if geo.static_mesh != wp.uint64(0):
+        if geo.use_wide != 0:
+            w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                             start, direction, span)
+            if w[1] >= 0.0:
+                best_t = t_min + w[0]
+                best_face = int(w[1])
+                bu = w[2]
+                bv = w[3]
+                m = wp.mesh_get(geo.static_mesh)
+                a = m.points[m.indices[best_face * 3]]
+                bn = wp.cross(m.points[m.indices[best_face * 3 + 1]] - a, m.points[m.indices[best_face * 3 + 2]] - a)
+        else:
+            q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
+            if q.result:
+                best_t = t_min + q.t
+                best_face = q.face
+                bu = q.u
+                bv = q.v
+                bn = q.normal
+    return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
+
+
+@wp.func
+def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, t_max: float, time: float,
+                      w: wp.vec4) -> Hit:
+    """:func:`closest_hit` with the static wide BVH's answer already known: ``w`` = (t from ``origin +
+    direction·t_min`` [m], face, u, v) as :func:`wsim.kernels.widebvh.wide_closest` (or a packet traversal, which
+    gives the same bits) finds it over ``t_max − t_min``, face < 0 for none. Only for ``geo.use_wide != 0``."""
+    best_t = t_max
+    best_face = int(-1)
+    bu = float(0.0)
+    bv = float(0.0)
+    bn = wp.vec3(0.0, 0.0, 1.0)
+    if w[1] >= 0.0:
+        best_t = t_min + w[0]
+        best_face = int(w[1])
+        bu = w[2]
+        bv = w[3]
+        m = wp.mesh_get(geo.static_mesh)
+        a = m.points[m.indices[best_face * 3]]
+        bn = wp.cross(m.points[m.indices[best_face * 3 + 1]] - a, m.points[m.indices[best_face * 3 + 2]] - a)
+    return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
 
 
 @wp.func

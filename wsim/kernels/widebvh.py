@@ -11,6 +11,11 @@ on the mesh's exact vertices; the hit distance is then taken from the triangle's
 conservatively (bound − origin before scaling by 1/d, far distances widened by the rounding bound, rays lying in a
 box face kept), so no box a ray touches is culled; all of it is independent of where the world origin is.
 
+Order independent: of the triangles a ray hits at the same distance the one of smallest face index wins, and a box is
+culled only when its entry lies beyond the current hit by more than ``CULL`` (0.1 %, far more than a plane distance's
+rounding error short of grazing incidence), so the triangle found does not depend on the order the leaves are visited
+in: :mod:`wsim.kernels.packet` traces beams of rays through the same tree with bit-identical results.
+
 Node layout: ``boxes`` [n, 6, 8] flat = (lo x, y, z, hi x, y, z) per child lane (empty lanes hold an empty box);
 ``child`` [n, 8] = inner child index (>= 0) or a leaf ``~(start << 3 | (count − 1))`` into the reordered triangles
 (``v0``, ``v1``, ``v2``: their vertices; ``fid``: original face index).
@@ -19,6 +24,10 @@ Node layout: ``boxes`` [n, 6, 8] flat = (lo x, y, z, hi x, y, z) per child lane 
 import warp as wp
 
 WIDE_STACK = 128  # traversal stack entries; the build checks depth · 7 + 1 fits
+#: Culling margin: a box whose entry distance exceeds the current hit's t by more than this factor is skipped. The
+#: triangle of smallest (t, face) is then found whatever the visiting order, unless its plane distance comes out
+#: more than 0.1 % short of its box's entry (a ray within about 1e-4 rad of grazing the triangle's plane).
+CULL = 1.0 + 2.0**-10
 
 _TRACE = r"""
 #if defined(__CUDA_ARCH__)
@@ -51,8 +60,11 @@ const vf RX = rx, RY = ry, RZ = rz;
 const vf FX = rx * WIDEN, FY = ry * WIDEN, FZ = rz * WIDEN;
 const vf OX = o[0], OY = o[1], OZ = o[2];
 const vf ZERO = 0.0f;
+// a box beyond the current hit by more than the margin CULL (>= WIDEN) is culled: the result is the triangle of
+// smallest (t, face) whatever order the leaves are visited in (the packet traversal's order differs)
+const float CULL = 1.0f + 9.765625e-4f;
 float tmax = max_t;
-vf TFAR = tmax * WIDEN;
+vf TFAR = tmax * CULL;
 // Watertight triangle test set-up: kz = the dominant axis of d, (kx, ky) the others in the order that keeps the
 // winding, and the shear (Sx, Sy) that maps the ray onto the kz axis through the origin.
 int kz = fabsf(d[0]) > fabsf(d[1]) ? (fabsf(d[0]) > fabsf(d[2]) ? 0 : 2) : (fabsf(d[1]) > fabsf(d[2]) ? 1 : 2);
@@ -140,13 +152,15 @@ while (true) {
             const float det = U + V + W;
             if (det == 0.0f) continue;
             // the ray passes through the triangle: its distance from the plane through the exact vertices (Woop's
-            // T/det loses digits for large triangles seen at grazing angles)
+            // T/det loses digits for large triangles seen at grazing angles); spelt out without FMA, as the packet
+            // traversal evaluates it lane by lane
             const vec3 n = cross(pb - pa, pc - pa);
             const float t = dot(n, pa - o) / dot(n, d);
-            if (!(t >= 0.0f && t < tmax)) continue;
+            // equal distances: the smaller face index wins (hitf = -1 until the first hit, so t < max_t then)
+            if (!(t >= 0.0f && (t < tmax || (t == tmax && F[k] < hitf)))) continue;
             const float inv = 1.0f / det;
             tmax = t;
-            TFAR = tmax * WIDEN;
+            TFAR = tmax * CULL;
             hitf = F[k];
             hu = U * inv;
             hv = V * inv;
@@ -154,7 +168,7 @@ while (true) {
     }
     while (sp > 0) {
         --sp;
-        if (st_t[sp] < tmax) { ref = st_n[sp]; descend = true; break; }
+        if (st_t[sp] <= tmax * CULL) { ref = st_n[sp]; descend = true; break; }
     }
     if (!descend) break;
 }

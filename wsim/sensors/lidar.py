@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import threading
 from typing import Any, Sequence
 
@@ -36,6 +37,10 @@ Pose = tuple[Sequence[float], Sequence[float]]  # (translation (3,) [m], quatern
 
 #: Largest |time| accepted by :meth:`Lidar.render` [s]: scene times are relative to the scene's time origin.
 MAX_SCENE_TIME_S = 1e7
+#: On the CPU the sub-rays of a beam (GAUSSIAN_BEAM, UNIFORM_BEAM) find their first static surfaces in one packet
+#: traversal of the 8-wide BVH (:mod:`wsim.kernels.packet`), bit-identical to tracing them one by one; False (or
+#: ``WSIM_BEAM_PACKETS=0``) traces them one by one. CUDA always traces them one by one.
+BEAM_PACKETS = os.environ.get("WSIM_BEAM_PACKETS", "1") != "0"
 #: ISO 8855 sensor axes to the application's axes (wsim: the same axes).
 MODEL_TO_APP = np.eye(4, dtype=np.float32)
 
@@ -346,7 +351,18 @@ class Lidar:
                    FrameOfReference.CUSTOM: 2}[c.output_frame_of_reference]
         p.compensated = int(c.output_motion_compensation_state is MotionCompensation.COMPENSATED)
         p.spherical = int(c.elements_coords_type is CoordsType.SPHERICAL)
+        p.beam = self._beam_table(p)
         return p
+
+    def _beam_table(self, p: K.LidarParams) -> wp.array:
+        """Per sub-ray (tan of its offset angles, normalised weight), computed once per beam shape and device."""
+        key = ("beam", int(p.beam_n), int(p.ray_type), float(p.div_h), float(p.div_v), str(self.device))
+        table = self._emitters.get(key)
+        if table is None:
+            table = wp.empty(max(1, int(p.beam_n)), dtype=wp.vec3, device=self.device)
+            wp.launch(K.beam_table_kernel, int(p.beam_n), [p, table], device=self.device)
+            self._emitters[key] = table
+        return table
 
     def _trace(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
                t0_ns: int, t1_ns: int, requires_grad: bool = False, overrides: dict | None = None) -> PointCloud:
@@ -387,6 +403,7 @@ class Lidar:
         p = self._params()
         p.window_filter = int(c.partial_outputs and not c.instant_lidar)
         p.want = _wanted(chans, requires_grad)
+        p.packet = int(BEAM_PACKETS and p.beam_n > 1 and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu)
         custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
         tt = K.TickTable()
         if n_fire:

@@ -1,0 +1,345 @@
+"""Packet traversal of the 8-wide BVH (CPU): up to 64 rays from one origin, each with its own direction and range,
+traced together (a lidar beam's sub-rays, which lie in a cone of a few tenths of a degree).
+
+The tree is walked once per packet. At inner nodes one interval test stands for all rays: the rays' start points and
+reciprocal directions are bounded per axis, and since rounding is monotone the bounds of the slab distances computed
+from them bound every ray's own (rounded) slab distances — a child that any ray's box test would keep is kept. At a
+leaf each ray, 8 rays per SIMD vector, gets the very box test, watertight triangle test and plane distance of
+:func:`wsim.kernels.widebvh.wide_closest`, lane by lane in the same float operations. With that traversal's
+order-independent rules (equal distances: smallest face index; a box culled only beyond ``CULL`` × the current hit)
+every ray's result (t, face, u, v) is bit-identical to tracing it alone with ``wide_closest``.
+
+On CUDA the snippet compiles to a stub returning misses; callers keep the per-ray path there (see
+:func:`wsim.kernels.trace.static_packet`, which does so by itself).
+"""
+
+import warp as wp
+
+#: Rays per packet at most.
+PACKET = 64
+vec64f = wp.types.vector(length=PACKET, dtype=float)
+mat64x3 = wp.types.matrix(shape=(PACKET, 3), dtype=float)
+mat64x4 = wp.types.matrix(shape=(PACKET, 4), dtype=float)
+
+_PACKET = r"""
+#if defined(__CUDA_ARCH__)
+wp::mat_t<64, 4, float> res;
+for (int k = 0; k < 64; ++k) { res.data[k][0] = -1.0f; res.data[k][1] = -1.0f; }
+return res;
+#else
+using namespace wp;
+typedef float vf __attribute__((ext_vector_type(8)));
+typedef int vi __attribute__((ext_vector_type(8)));
+const float* B = boxes.data;
+const int* C = child.data;
+const vec3* V0 = v0.data;
+const vec3* V1 = v1.data;
+const vec3* V2 = v2.data;
+const int* F = fid.data;
+// the constants of wide_closest
+const float WIDEN = 1.0f + 4.76837158203125e-7f;
+const float CULL = 1.0f + 9.765625e-4f;
+mat_t<64, 4, float> res;
+for (int k = 0; k < 64; ++k) { res.data[k][0] = -1.0f; res.data[k][1] = -1.0f; }
+const int N = n < 0 ? 0 : (n > 64 ? 64 : n);
+
+auto bits = [](vi m) -> unsigned {
+#if defined(__AVX__)
+    typedef float v8sf __attribute__((__vector_size__(32)));
+    v8sf mf;
+    __builtin_memcpy(&mf, &m, sizeof(mf));
+    return (unsigned)__builtin_ia32_movmskps256(mf);
+#else
+    unsigned r = 0;
+    for (int l = 0; l < 8; ++l) r |= (unsigned)(m[l] & 1) << l;
+    return r;
+#endif
+};
+
+auto fmin_ = [](float a, float b) -> float { return b < a ? b : a; };
+auto fmax_ = [](float a, float b) -> float { return b > a ? b : a; };
+
+// ---- the active rays (t_max > t_min) in lanes of 8, each set up exactly as wide_closest sets up its ray
+const int MAXC = 8;
+vf cOx[MAXC], cOy[MAXC], cOz[MAXC];       // start points o + d·t_min
+vf cDx[MAXC], cDy[MAXC], cDz[MAXC];       // directions
+vf cRx[MAXC], cRy[MAXC], cRz[MAXC];       // 1/d (+inf for 0)
+vf cFx[MAXC], cFy[MAXC], cFz[MAXC];       // 1/d widened (far slabs)
+vi cNx[MAXC], cNy[MAXC], cNz[MAXC];       // -1 where 1/d < 0: the near plane is the box's upper bound
+vf cTM[MAXC], cTF[MAXC];                  // current hit distance, its culling bound
+vi cHF[MAXC];                             // hit face (-1)
+vf cHU[MAXC], cHV[MAXC];
+vf cSx[MAXC], cSy[MAXC];                  // shear of the watertight test
+vf cOkx[MAXC], cOky[MAXC], cOkz[MAXC];    // the start point's (kx, ky, kz) components (uniform permutation)
+int cK[MAXC][8][3];                       // (kx, ky, kz) per lane
+int cUni[MAXC];                           // 1: every lane of the chunk has the same (kx, ky, kz)
+int cRay[MAXC][8];                        // the packet row of each lane, -1 for padding
+// frustum bounds per axis over the active rays: start range, 1/d ranges of the rays going + and −
+float slo[3] = {INFINITY, INFINITY, INFINITY}, shi[3] = {-INFINITY, -INFINITY, -INFINITY};
+float rpl[3], rph[3], fpl[3], fph[3], rnl[3], rnh[3], fnl[3], fnh[3];
+int pos[3] = {0, 0, 0}, neg[3] = {0, 0, 0}, drop[3] = {0, 0, 0};
+for (int a = 0; a < 3; ++a) {
+    rpl[a] = INFINITY; rph[a] = -INFINITY; fpl[a] = INFINITY; fph[a] = -INFINITY;
+    rnl[a] = INFINITY; rnh[a] = -INFINITY; fnl[a] = INFINITY; fnh[a] = -INFINITY;
+}
+int na = 0;
+for (int k = 0; k < N; ++k) {
+    const float span = t_max.c[k] - t_min.c[k];
+    if (!(span > 0.0f)) continue;  // wide_closest misses: an inactive lane
+    const vec3 d = vec3(dirs.data[k][0], dirs.data[k][1], dirs.data[k][2]);
+    const vec3 o = add(org, mul(d, t_min.c[k]));
+    const int c = na >> 3, l = na & 7;
+    ++na;
+    const float r[3] = {d[0] == 0.0f ? INFINITY : 1.0f / d[0], d[1] == 0.0f ? INFINITY : 1.0f / d[1],
+                        d[2] == 0.0f ? INFINITY : 1.0f / d[2]};
+    int kz = fabsf(d[0]) > fabsf(d[1]) ? (fabsf(d[0]) > fabsf(d[2]) ? 0 : 2) : (fabsf(d[1]) > fabsf(d[2]) ? 1 : 2);
+    int kx = kz == 2 ? 0 : kz + 1;
+    int ky = kx == 2 ? 0 : kx + 1;
+    if (d[kz] < 0.0f) { int tmp = kx; kx = ky; ky = tmp; }
+    cOx[c][l] = o[0]; cOy[c][l] = o[1]; cOz[c][l] = o[2];
+    cDx[c][l] = d[0]; cDy[c][l] = d[1]; cDz[c][l] = d[2];
+    cRx[c][l] = r[0]; cRy[c][l] = r[1]; cRz[c][l] = r[2];
+    cFx[c][l] = r[0] * WIDEN; cFy[c][l] = r[1] * WIDEN; cFz[c][l] = r[2] * WIDEN;
+    cNx[c][l] = r[0] >= 0.0f ? 0 : -1; cNy[c][l] = r[1] >= 0.0f ? 0 : -1; cNz[c][l] = r[2] >= 0.0f ? 0 : -1;
+    cTM[c][l] = span;
+    cTF[c][l] = span * CULL;
+    cHF[c][l] = -1;
+    cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
+    cSx[c][l] = d[kx] / d[kz]; cSy[c][l] = d[ky] / d[kz];
+    cOkx[c][l] = o[kx]; cOky[c][l] = o[ky]; cOkz[c][l] = o[kz];
+    cK[c][l][0] = kx; cK[c][l][1] = ky; cK[c][l][2] = kz;
+    cRay[c][l] = k;
+    for (int a = 0; a < 3; ++a) {
+        slo[a] = fmin_(slo[a], o[a]);
+        shi[a] = fmax_(shi[a], o[a]);
+        const float fa = r[a] * WIDEN;
+        if (!isfinite(r[a]) || !isfinite(fa)) drop[a] = 1;  // d = 0 (or nearly): this axis bounds nothing
+        else if (r[a] > 0.0f) {
+            pos[a] = 1;
+            rpl[a] = fmin_(rpl[a], r[a]); rph[a] = fmax_(rph[a], r[a]);
+            fpl[a] = fmin_(fpl[a], fa); fph[a] = fmax_(fph[a], fa);
+        } else {
+            neg[a] = 1;
+            rnl[a] = fmin_(rnl[a], r[a]); rnh[a] = fmax_(rnh[a], r[a]);
+            fnl[a] = fmin_(fnl[a], fa); fnh[a] = fmax_(fnh[a], fa);
+        }
+    }
+}
+if (na == 0) return res;
+const int nc = (na + 7) >> 3;
+// padding lanes: copies of their chunk's first ray that can hit nothing (t_max = -1)
+for (int j = na; j < nc * 8; ++j) {
+    const int c = j >> 3, l = j & 7;
+    cOx[c][l] = cOx[c][0]; cOy[c][l] = cOy[c][0]; cOz[c][l] = cOz[c][0];
+    cDx[c][l] = cDx[c][0]; cDy[c][l] = cDy[c][0]; cDz[c][l] = cDz[c][0];
+    cRx[c][l] = cRx[c][0]; cRy[c][l] = cRy[c][0]; cRz[c][l] = cRz[c][0];
+    cFx[c][l] = cFx[c][0]; cFy[c][l] = cFy[c][0]; cFz[c][l] = cFz[c][0];
+    cNx[c][l] = cNx[c][0]; cNy[c][l] = cNy[c][0]; cNz[c][l] = cNz[c][0];
+    cTM[c][l] = -1.0f; cTF[c][l] = -1.0f; cHF[c][l] = -1; cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
+    cSx[c][l] = cSx[c][0]; cSy[c][l] = cSy[c][0];
+    cOkx[c][l] = cOkx[c][0]; cOky[c][l] = cOky[c][0]; cOkz[c][l] = cOkz[c][0];
+    cK[c][l][0] = cK[c][0][0]; cK[c][l][1] = cK[c][0][1]; cK[c][l][2] = cK[c][0][2];
+    cRay[c][l] = -1;
+}
+for (int c = 0; c < nc; ++c) {
+    int u = 1;
+    for (int l = 1; l < 8; ++l)
+        u &= cK[c][l][0] == cK[c][0][0] && cK[c][l][1] == cK[c][0][1] && cK[c][l][2] == cK[c][0][2];
+    cUni[c] = u;
+}
+float tfar = -INFINITY;  // the packet's culling bound: the largest of the rays'
+for (int c = 0; c < nc; ++c) for (int l = 0; l < 8; ++l) tfar = fmax_(tfar, cTF[c][l]);
+
+// ---- interval test of a node's 8 child boxes against all rays: a lower bound of every ray's near distance
+// (tn) and an upper bound of its far distance; a lane fails only if every ray's own test fails
+const vf ZERO = 0.0f;
+const vf PINF = INFINITY, NINF = -INFINITY;
+const vf SLX = slo[0], SLY = slo[1], SLZ = slo[2], SHX = shi[0], SHY = shi[1], SHZ = shi[2];
+auto axis = [&](int a, vf lo, vf hi, vf SL, vf SH, vf& nl, vf& fu) {
+    if (drop[a]) { nl = NINF; fu = PINF; return; }
+    nl = PINF; fu = NINF;
+    const vf bl = lo - SH;  // the smallest lo − o of all rays (rounding is monotone)
+    const vf bh = hi - SL;  // the largest hi − o
+    if (pos[a]) {  // near = (lo − o)·r, far = (hi − o)·r·WIDEN with r > 0
+        nl = __builtin_elementwise_min(bl * rpl[a], bl * rph[a]);
+        fu = __builtin_elementwise_max(bh * fpl[a], bh * fph[a]);
+    }
+    if (neg[a]) {  // near = (hi − o)·r, far = (lo − o)·r·WIDEN with r < 0: largest hi − o, smallest lo − o
+        nl = __builtin_elementwise_min(nl, __builtin_elementwise_min(bh * rnl[a], bh * rnh[a]));
+        fu = __builtin_elementwise_max(fu, __builtin_elementwise_max(bl * fnl[a], bl * fnh[a]));
+    }
+};
+
+// ---- one leaf against every chunk of rays: the box test of wide_closest, then its triangle test
+auto leaf = [&](int slot, int code) -> bool {
+    const float* nb = B + (size_t)(slot >> 3) * 48 + (slot & 7);
+    const vf LOX = nb[0], LOY = nb[8], LOZ = nb[16], HIX = nb[24], HIY = nb[32], HIZ = nb[40];
+    const int k0 = code >> 3;
+    const int k1 = k0 + (code & 7) + 1;
+    bool hit = false;
+    for (int c = 0; c < nc; ++c) {
+        const vf lx = cNx[c] ? HIX : LOX, ux = cNx[c] ? LOX : HIX;
+        const vf ly = cNy[c] ? HIY : LOY, uy = cNy[c] ? LOY : HIY;
+        const vf lz = cNz[c] ? HIZ : LOZ, uz = cNz[c] ? LOZ : HIZ;
+        const vf tn = __builtin_elementwise_max(__builtin_elementwise_max((lx - cOx[c]) * cRx[c], (ly - cOy[c]) * cRy[c]),
+                                                __builtin_elementwise_max((lz - cOz[c]) * cRz[c], ZERO));
+        const vf tf = __builtin_elementwise_min(__builtin_elementwise_min((ux - cOx[c]) * cFx[c], (uy - cOy[c]) * cFy[c]),
+                                                __builtin_elementwise_min((uz - cOz[c]) * cFz[c], cTF[c]));
+        const vi bm = tn <= tf;
+        if (!bits(bm)) continue;
+        for (int k = k0; k < k1; ++k) {
+            const vec3 pa = V0[k], pb = V1[k], pc = V2[k];
+            vf U, V, W;
+            if (cUni[c]) {
+#pragma clang fp contract(off)
+                const int kx = cK[c][0][0], ky = cK[c][0][1], kz = cK[c][0][2];
+                const vf az = pa[kz] - cOkz[c], bz = pb[kz] - cOkz[c], cz = pc[kz] - cOkz[c];
+                const vf Ax = (pa[kx] - cOkx[c]) - cSx[c] * az, Ay = (pa[ky] - cOky[c]) - cSy[c] * az;
+                const vf Bx = (pb[kx] - cOkx[c]) - cSx[c] * bz, By = (pb[ky] - cOky[c]) - cSy[c] * bz;
+                const vf Cx = (pc[kx] - cOkx[c]) - cSx[c] * cz, Cy = (pc[ky] - cOky[c]) - cSy[c] * cz;
+                U = Cx * By - Cy * Bx;
+                V = Ax * Cy - Ay * Cx;
+                W = Bx * Ay - By * Ax;
+            } else {
+                for (int l = 0; l < 8; ++l) {
+                    const int kx = cK[c][l][0], ky = cK[c][l][1], kz = cK[c][l][2];
+                    const float ox = cOkx[c][l], oy = cOky[c][l], oz = cOkz[c][l];
+                    const float sx = cSx[c][l], sy = cSy[c][l];
+                    {
+#pragma clang fp contract(off)
+                        const float az = pa[kz] - oz, bz = pb[kz] - oz, cz = pc[kz] - oz;
+                        const float Ax = (pa[kx] - ox) - sx * az, Ay = (pa[ky] - oy) - sy * az;
+                        const float Bx = (pb[kx] - ox) - sx * bz, By = (pb[ky] - oy) - sy * bz;
+                        const float Cx = (pc[kx] - ox) - sx * cz, Cy = (pc[ky] - oy) - sy * cz;
+                        U[l] = Cx * By - Cy * Bx;
+                        V[l] = Ax * Cy - Ay * Cx;
+                        W[l] = Bx * Ay - By * Ax;
+                    }
+                }
+            }
+            const vi out = ((U < ZERO) | (V < ZERO) | (W < ZERO)) & ((U > ZERO) | (V > ZERO) | (W > ZERO));
+            vf det;
+            {
+#pragma clang fp contract(off)
+                det = U + V + W;
+            }
+            const vi through = bm & ~out & (det != ZERO);
+            if (!bits(through)) continue;
+            // the plane distance lane by lane in wide_closest's own scalar expression (so it rounds alike)
+            vf t = ZERO;
+            const vec3 nrm = cross(pb - pa, pc - pa);
+            unsigned tb = bits(through);
+            while (tb) {
+                const int l = __builtin_ctz(tb);
+                tb &= tb - 1;
+                const vec3 o = vec3(cOx[c][l], cOy[c][l], cOz[c][l]);
+                const vec3 d = vec3(cDx[c][l], cDy[c][l], cDz[c][l]);
+                t[l] = dot(nrm, pa - o) / dot(nrm, d);
+            }
+            const vi f = F[k];
+            const vi acc = through & (t >= ZERO) & ((t < cTM[c]) | ((t == cTM[c]) & (f < cHF[c])));
+            if (!bits(acc)) continue;
+            const vf inv = 1.0f / det;
+            cTM[c] = acc ? t : cTM[c];
+            cTF[c] = cTM[c] * CULL;
+            cHF[c] = acc ? f : cHF[c];
+            cHU[c] = acc ? U * inv : cHU[c];
+            cHV[c] = acc ? V * inv : cHV[c];
+            hit = true;
+        }
+    }
+    return hit;
+};
+
+// ---- depth-first, nearest child first (by the packet's near bound), as wide_closest
+int st_n[128];
+float st_t[128];
+int st_s[128];  // a leaf's slot in its parent node (node · 8 + lane): where its box is
+int sp = 0;
+int ref = 0, slot = 0;
+while (true) {
+    bool descend = false;
+    if (ref >= 0) {
+        const float* nb = B + (size_t)ref * 48;
+        vf lx, ly, lz, ux, uy, uz;
+        __builtin_memcpy(&lx, nb, sizeof(vf));
+        __builtin_memcpy(&ly, nb + 8, sizeof(vf));
+        __builtin_memcpy(&lz, nb + 16, sizeof(vf));
+        __builtin_memcpy(&ux, nb + 24, sizeof(vf));
+        __builtin_memcpy(&uy, nb + 32, sizeof(vf));
+        __builtin_memcpy(&uz, nb + 40, sizeof(vf));
+        vf nlx, fux, nly, fuy, nlz, fuz;
+        axis(0, lx, ux, SLX, SHX, nlx, fux);
+        axis(1, ly, uy, SLY, SHY, nly, fuy);
+        axis(2, lz, uz, SLZ, SHZ, nlz, fuz);
+        const vf tn = __builtin_elementwise_max(__builtin_elementwise_max(nlx, nly), __builtin_elementwise_max(nlz, ZERO));
+        const vf tf = __builtin_elementwise_min(__builtin_elementwise_min(fux, fuy), __builtin_elementwise_min(fuz, (vf)tfar));
+        // empty lanes (lo > hi) fail even where no axis bounds the rays
+        unsigned mask = bits((tn <= tf) & (lx <= ux));
+        if (mask) {
+            const int* cc = C + (size_t)ref * 8;
+            float tl[8];
+            __builtin_memcpy(tl, &tn, sizeof(vf));
+            const int base8 = ref * 8;
+            int l0 = __builtin_ctz(mask);
+            mask &= mask - 1;
+            if (!mask) {
+                slot = base8 + l0;
+                ref = cc[l0];
+                continue;
+            }
+            int base = sp;
+            st_n[sp] = cc[l0]; st_t[sp] = tl[l0]; st_s[sp] = base8 + l0; ++sp;
+            while (mask) {
+                int l = __builtin_ctz(mask);
+                mask &= mask - 1;
+                float t = tl[l];
+                int j = sp;
+                while (j > base && st_t[j - 1] < t) {
+                    st_t[j] = st_t[j - 1]; st_n[j] = st_n[j - 1]; st_s[j] = st_s[j - 1]; --j;
+                }
+                st_t[j] = t; st_n[j] = cc[l]; st_s[j] = base8 + l; ++sp;
+            }
+            --sp;
+            ref = st_n[sp];
+            slot = st_s[sp];
+            continue;
+        }
+    } else {
+        if (leaf(slot, -ref - 1)) {
+            tfar = -INFINITY;
+            for (int c = 0; c < nc; ++c) for (int l = 0; l < 8; ++l) tfar = fmax_(tfar, cTF[c][l]);
+        }
+    }
+    while (sp > 0) {
+        --sp;
+        if (st_t[sp] <= tfar) { ref = st_n[sp]; slot = st_s[sp]; descend = true; break; }
+    }
+    if (!descend) break;
+}
+for (int c = 0; c < nc; ++c) {
+    for (int l = 0; l < 8; ++l) {
+        const int k = cRay[c][l];
+        if (k < 0 || cHF[c][l] < 0) continue;
+        // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
+        res.data[k][0] = cTM[c][l];
+        res.data[k][1] = float(cHF[c][l]);
+        res.data[k][2] = cHU[c][l];
+        res.data[k][3] = cHV[c][l];
+    }
+}
+return res;
+#endif
+"""
+
+
+@wp.func_native(_PACKET)
+def wide_packet(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
+                v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dirs: mat64x3, t_min: vec64f,
+                t_max: vec64f, n: int) -> mat64x4:
+    """Rays ``k < n`` from ``org`` [m] along ``dirs[k]``, each over its own range ``t_min[k] < t < t_max[k]``
+    [m], through one 8-wide BVH. Row k of the result is exactly :func:`wsim.kernels.widebvh.wide_closest` of that
+    ray alone, i.e. of ``org + dirs[k]·t_min[k]`` along ``dirs[k]`` with ``max_t = t_max[k] − t_min[k]``: (t from
+    that start point, face, u, v), face −1 for a miss. A ray with ``t_max[k] <= t_min[k]`` is inactive (a miss, at
+    no cost); rows >= n are misses. CPU only: on CUDA every row is a miss."""
+    ...
