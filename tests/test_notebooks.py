@@ -39,10 +39,11 @@ def run_notebook(name: str, tmp_path: Path) -> dict:
 
 def test_lidar_extrinsic_calibration(tmp_path):
     r = run_notebook("lidar_extrinsic_calibration.ipynb", tmp_path)
-    assert r["start_rot_err_deg"] >= 2.0 - 1e-6 and r["start_trans_err_mm"] >= 100.0 - 1e-3
-    # README: 0.00036° / 0.25 mm
-    assert r["rot_err_deg"] < 0.0007, r
-    assert r["trans_err_mm"] < 0.5, r
+    # from 5° / 30 cm, range noise σ 3 cm, measured scene ≠ model (vertices displaced, unmodelled poles and car)
+    assert r["start_rot_err_deg"] >= 5.0 - 1e-6 and r["start_trans_err_mm"] >= 300.0 - 1e-3
+    # README: 0.0023° / 1.2 mm
+    assert r["rot_err_deg"] < 0.0046, r
+    assert r["trans_err_mm"] < 2.0, r  # the target (2x the README's 1.2 mm would be looser)
 
 
 def test_lidar_intrinsics_and_intensity(tmp_path):
