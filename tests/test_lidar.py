@@ -470,19 +470,24 @@ def _glass_room():
     return s
 
 
-@pytest.mark.parametrize("ray_type", ["GAUSSIAN_BEAM", "UNIFORM_BEAM"])
-def test_beam_packets_equal_sub_rays_traced_one_by_one(device, ray_type, monkeypatch):
-    """On the CPU a beam's sub-rays find their first static surfaces in one packet traversal: every channel is
-    bit-identical to tracing them one by one (glass pane: continuing sub-rays; a moving car: instances; the room's
-    edges and corners: shared-edge and grazing hits)."""
+@pytest.mark.parametrize("ray_type,cars", [("GAUSSIAN_BEAM", 1), ("UNIFORM_BEAM", 1), ("GAUSSIAN_BEAM", 40)])
+def test_beam_packets_equal_sub_rays_traced_one_by_one(device, ray_type, cars, monkeypatch):
+    """On the CPU a beam's sub-rays find their first static surfaces in one packet traversal, and the instances
+    they may meet are listed once per beam (up to 32 instances; more: the top-level BVH per sub-ray): every channel
+    is bit-identical to tracing them one by one (glass pane: continuing sub-rays; moving cars: instances; the
+    room's edges and corners: shared-edge and grazing hits)."""
     import wsim.sensors.lidar as lidar_module
 
     scene = _glass_room()
     bp, bf = box_mesh([-2, -1, -1], [2, 1, 1])
     scene.parts.append(Part("/World/Car/body", material=1, semantic_class=scene.semantic_class_index("car")))
     scene.prototypes.append(MeshData(bp, bf, len(scene.parts) - 1))
-    scene.instances.append(Instance(0, [0.0, 1.0], [[6, -4, -1.0], [6, 4, -1.0]], [[0, 0, 0, 1]] * 2,
-                                    object_id=9, name="/World/Car"))
+    for k in range(cars):  # the first drives past the sensor, the others are parked around the room
+        a = 2 * np.pi * k / cars
+        p0 = [6, -4, -1.0] if k == 0 else [18 * np.cos(a), 14 * np.sin(a), -1.0 + 0.3 * (k % 3)]
+        p1 = [6, 4, -1.0] if k == 0 else p0
+        scene.instances.append(Instance(0, [0.0, 1.0], [p0, p1], [quat_from_axis_angle([0, 0, 1], a)] * 2,
+                                        object_id=9 + k, name=f"/World/Car{k}"))
     traj = Trajectory([0.0, 1.0], [[0, 0, 0], [3.0, 0, 0]], [[0, 0, 0, 1]] * 2)
     cfg = rotary(n_el=16, ticks=720, ray_type=RayType(ray_type), max_returns=3, divergence_hor_deg=1.0,
                  divergence_ver_deg=1.0, range_accuracy_m=0.01, seed=5, include_invalid_points=True)

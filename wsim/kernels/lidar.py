@@ -32,7 +32,7 @@ from .lidar_types import (  # noqa: F401
 )
 from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, wide_packet
-from .trace import Hit, SceneGeo, closest_hit, closest_hit_given, continue_past, hit_distance, miss, point_velocity
+from .trace import Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, continue_past, hit_distance, miss, point_velocity
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
@@ -328,14 +328,18 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
             hi[k] = p.far
         first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                             ray.origin, dirs, lo, hi, p.beam_n)
+    listed = Listed()
+    listed.n = -1
+    if p.packet != 0 and geo.num_instances > 0:  # the instances the beam may meet, listed once
+        listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)
     for k in range(p.beam_n):
         w = p.beam[k][2]
         dk = subray_in(ray.dir, bh, k, p)
         tau = float(1.0)
         h = miss()
         if p.packet != 0:
-            h = closest_hit_given(geo, ray.origin, dk, 0.0, p.far, time,
-                                  wp.vec4(first[k, 0], first[k, 1], first[k, 2], first[k, 3]))
+            h = closest_hit_listed(geo, ray.origin, dk, p.far, time,
+                                   wp.vec4(first[k, 0], first[k, 1], first[k, 2], first[k, 3]), listed)
         else:
             h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
         depth = int(0)

@@ -72,6 +72,7 @@ class LidarParams:
     want: wp.int32  # WANT_* bits
     packet: wp.int32  # 1: a beam's sub-rays traverse the static wide BVH as one packet (CPU)
     beam: wp.array[wp.vec3]  # per sub-ray k: tan of its horizontal and vertical offset angles, weight / Σ weights
+    beam_tan: float  # tan of the largest angle between a sub-ray and the beam's centre
 
 
 @wp.struct

@@ -58,6 +58,8 @@ class SceneGeo:
     static_tri_part: wp.array[wp.int32]
     tlas: wp.uint64
     num_instances: wp.int32
+    inst_lo: wp.array[wp.vec3]  # the top-level BVH's boxes: each instance's world bounds over the time window
+    inst_hi: wp.array[wp.vec3]
     inst_mesh: wp.array[wp.uint64]
     inst_part_offset: wp.array[wp.int32]
     inst_key_start: wp.array[wp.int32]
@@ -105,60 +107,99 @@ def miss() -> Hit:
     return h
 
 
+@wp.struct
+class Nearest:
+    """The nearest surface found so far along a ray: distance from the ray's origin [m], face (−1: none), instance
+    (−1: static), barycentrics and the (unnormalised) world normal."""
+
+    t: float
+    face: wp.int32
+    inst: wp.int32
+    u: float
+    v: float
+    n: wp.vec3
+
+
+@wp.func(inline=True)
+def _try_instance(geo: SceneGeo, idx: int, origin: wp.vec3, direction: wp.vec3, t_min: float, time: float,
+                  b: Nearest) -> Nearest:
+    """``b``, or instance ``idx``'s surface where it is nearer."""
+    start = origin + direction * t_min
+    xf = sample_keys(
+        geo.key_time,
+        geo.key_pos,
+        geo.key_rot,
+        geo.key_scale,
+        geo.inst_key_start[idx],
+        geo.inst_key_count[idx],
+        time,
+    )
+    inv = wp.quat_inverse(xf.rot)
+    lo = wp.cw_div(wp.quat_rotate(inv, start - xf.pos), xf.scale)
+    ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
+    root = geo.inst_wide_root[idx]
+    if root >= 0:
+        w = wide_closest_from(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0,
+                              geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld,
+                              b.t - t_min)
+        if w[1] >= 0.0:
+            b.t = t_min + w[0]
+            b.face = int(w[1])
+            b.inst = idx
+            b.u = w[2]
+            b.v = w[3]
+            m = wp.mesh_get(geo.inst_mesh[idx])
+            a = m.points[m.indices[b.face * 3]]
+            ln = wp.normalize(wp.cross(m.points[m.indices[b.face * 3 + 1]] - a,
+                                       m.points[m.indices[b.face * 3 + 2]] - a))
+            b.n = wp.quat_rotate(xf.rot, wp.cw_div(ln, xf.scale))
+    else:
+        q = wp.mesh_query_ray(geo.inst_mesh[idx], lo, ld, b.t - t_min)
+        if q.result:
+            b.t = t_min + q.t
+            b.face = q.face
+            b.inst = idx
+            b.u = q.u
+            b.v = q.v
+            # normals transform with the inverse transpose of R·S, i.e. R·S⁻¹
+            b.n = wp.quat_rotate(xf.rot, wp.cw_div(q.normal, xf.scale))
+    return b
+
+
+@wp.func(inline=True)
+def _nearest(static_t: float, static_face: int, su: float, sv: float, sn: wp.vec3) -> Nearest:
+    b = Nearest()
+    b.t = static_t
+    b.face = static_face
+    b.inst = -1
+    b.u = su
+    b.v = sv
+    b.n = sn
+    return b
+
+
 @wp.func(inline=True)
 def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, time: float, static_t: float,
                     static_face: int, su: float, sv: float, sn: wp.vec3) -> Hit:
     """The closest of the static surface found (``static_face`` < 0: none, ``static_t`` then the range's end) and
-    the instances' surfaces nearer than it, as a Hit."""
-    best_t = static_t
-    best_face = static_face
-    best_inst = int(-1)
-    bu = su
-    bv = sv
-    bn = sn
-    start = origin + direction * t_min
+    the instances' surfaces nearer than it (through the top-level BVH), as a Hit."""
+    b = _nearest(static_t, static_face, su, sv, sn)
     if geo.num_instances > 0:
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
-        while wp.bvh_query_next(bq, idx, best_t):
-            xf = sample_keys(
-                geo.key_time,
-                geo.key_pos,
-                geo.key_rot,
-                geo.key_scale,
-                geo.inst_key_start[idx],
-                geo.inst_key_count[idx],
-                time,
-            )
-            inv = wp.quat_inverse(xf.rot)
-            lo = wp.cw_div(wp.quat_rotate(inv, start - xf.pos), xf.scale)
-            ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
-            root = geo.inst_wide_root[idx]
-            if root >= 0:
-                w = wide_closest_from(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0,
-                                      geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld,
-                                      best_t - t_min)
-                if w[1] >= 0.0:
-                    best_t = t_min + w[0]
-                    best_face = int(w[1])
-                    best_inst = idx
-                    bu = w[2]
-                    bv = w[3]
-                    m = wp.mesh_get(geo.inst_mesh[idx])
-                    a = m.points[m.indices[best_face * 3]]
-                    ln = wp.normalize(wp.cross(m.points[m.indices[best_face * 3 + 1]] - a,
-                                               m.points[m.indices[best_face * 3 + 2]] - a))
-                    bn = wp.quat_rotate(xf.rot, wp.cw_div(ln, xf.scale))
-            else:
-                q = wp.mesh_query_ray(geo.inst_mesh[idx], lo, ld, best_t - t_min)
-                if q.result:
-                    best_t = t_min + q.t
-                    best_face = q.face
-                    best_inst = idx
-                    bu = q.u
-                    bv = q.v
-                    # normals transform with the inverse transpose of R·S, i.e. R·S⁻¹
-                    bn = wp.quat_rotate(xf.rot, wp.cw_div(q.normal, xf.scale))
+        while wp.bvh_query_next(bq, idx, b.t):
+            b = _try_instance(geo, idx, origin, direction, t_min, time, b)
+    return _hit_of(geo, origin, direction, time, b)
+
+
+@wp.func(inline=True)
+def _hit_of(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, time: float, b: Nearest) -> Hit:
+    best_t = b.t
+    best_face = b.face
+    best_inst = b.inst
+    bu = b.u
+    bv = b.v
+    bn = b.n
     if best_face < 0:
         h = miss()
         h.time = time
@@ -188,6 +229,95 @@ def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: f
     h.material = geo.part_material[h.part]
     h.material_id = geo.material_code[h.material]
     return h
+
+
+#: Instances a beam's sub-rays are tested against one by one at most (more: each sub-ray queries the top level).
+MAX_LISTED = 32
+vec_listed = wp.types.vector(length=MAX_LISTED, dtype=wp.int32)
+
+
+@wp.struct
+class Listed:
+    """The instances whose bounds a narrow cone of rays from one origin may meet (:func:`cone_instances`)."""
+
+    n: wp.int32  # −1: not listed (too many instances): query the top-level BVH per ray
+    idx: vec_listed
+
+
+@wp.func(inline=True)
+def cone_instances(geo: SceneGeo, origin: wp.vec3, axis: wp.vec3, tan_cone: float) -> Listed:
+    """The instances (in index order) whose top-level box a ray from ``origin`` within the cone of half-angle
+    atan(``tan_cone``) around unit ``axis`` may meet — conservatively, through the box's bounding sphere: the ray's
+    point at distance s lies within s·tan_cone of the axis, and a point of the sphere within |c − o| + R of the
+    origin."""
+    out = Listed()
+    out.n = 0
+    if geo.num_instances > MAX_LISTED:
+        out.n = -1
+        return out
+    spread = tan_cone * 1.01 + 1.0e-5
+    for i in range(geo.num_instances):
+        lo = geo.inst_lo[i]
+        hi = geo.inst_hi[i]
+        c = (lo + hi) * 0.5
+        r = wp.length(hi - lo) * 0.5
+        v = c - origin
+        dist = wp.length(v)
+        along = wp.dot(v, axis)
+        perp = wp.length(v - axis * along)
+        slack = r * 1.0001 + 1.0e-4 * (1.0 + dist)
+        if along >= -slack and perp <= slack + (dist + r) * spread:
+            out.idx[out.n] = i
+            out.n += 1
+    return out
+
+
+@wp.func(inline=True)
+def ray_box_entry(origin: wp.vec3, rcp: wp.vec3, lo: wp.vec3, hi: wp.vec3, max_dist: float) -> int:
+    """1 where the ray meets the box before ``max_dist``: the very slab test (and rounding) of the top-level BVH
+    query, ``rcp`` = 1/direction per component."""
+    l1 = (lo[0] - origin[0]) * rcp[0]
+    l2 = (hi[0] - origin[0]) * rcp[0]
+    lmin = wp.min(l1, l2)
+    lmax = wp.max(l1, l2)
+    l1 = (lo[1] - origin[1]) * rcp[1]
+    l2 = (hi[1] - origin[1]) * rcp[1]
+    lmin = wp.max(wp.min(l1, l2), lmin)
+    lmax = wp.min(wp.max(l1, l2), lmax)
+    l1 = (lo[2] - origin[2]) * rcp[2]
+    l2 = (hi[2] - origin[2]) * rcp[2]
+    lmin = wp.max(wp.min(l1, l2), lmin)
+    lmax = wp.min(wp.max(l1, l2), lmax)
+    hit = int(0)
+    if lmax >= 0.0 and lmax >= lmin and not (lmin >= max_dist):
+        hit = 1
+    return hit
+
+
+@wp.func(inline=True)
+def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, time: float,
+                       w: wp.vec4, listed: Listed) -> Hit:
+    """:func:`closest_hit_given` from ``t_min`` = 0 with the instances to test listed by :func:`cone_instances`
+    for a cone that holds ``direction`` (``listed.n`` = −1: through the top-level BVH)."""
+    if listed.n < 0:
+        return closest_hit_given(geo, origin, direction, 0.0, t_max, time, w)
+    b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
+    if w[1] >= 0.0:
+        b = _nearest(0.0 + w[0], int(w[1]), w[2], w[3], _static_normal(geo, int(w[1])))
+    rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
+    for j in range(listed.n):
+        idx = listed.idx[j]
+        if ray_box_entry(origin, rcp, geo.inst_lo[idx], geo.inst_hi[idx], b.t) != 0:
+            b = _try_instance(geo, idx, origin, direction, 0.0, time, b)
+    return _hit_of(geo, origin, direction, time, b)
+
+
+@wp.func(inline=True)
+def _static_normal(geo: SceneGeo, face: int) -> wp.vec3:
+    """The static face's unnormalised normal, as the wide BVH path of :func:`closest_hit` computes it."""
+    m = wp.mesh_get(geo.static_mesh)
+    a = m.points[m.indices[face * 3]]
+    return wp.cross(m.points[m.indices[face * 3 + 1]] - a, m.points[m.indices[face * 3 + 2]] - a)
 
 
 @wp.func
@@ -226,7 +356,7 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
     return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
 
 
-@wp.func
+@wp.func(inline=True)
 def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, t_max: float, time: float,
                       w: wp.vec4) -> Hit:
     """:func:`closest_hit` with the static wide BVH's answer already known: ``w`` = (t from ``origin +

@@ -201,6 +201,7 @@ class SceneGeometry:
             self._tlas_uppers = wp.array(hi, dtype=wp.vec3, device=self.device)
             self.tlas = wp.Bvh(self._tlas_lowers, self._tlas_uppers)
             geo.tlas = self.tlas.id
+            geo.inst_lo, geo.inst_hi = self._tlas_lowers, self._tlas_uppers  # refit in place with the tree
         else:
             geo.tlas = wp.uint64(0)
 

@@ -351,18 +351,20 @@ class Lidar:
                    FrameOfReference.CUSTOM: 2}[c.output_frame_of_reference]
         p.compensated = int(c.output_motion_compensation_state is MotionCompensation.COMPENSATED)
         p.spherical = int(c.elements_coords_type is CoordsType.SPHERICAL)
-        p.beam = self._beam_table(p)
+        p.beam, p.beam_tan = self._beam_table(p)
         return p
 
-    def _beam_table(self, p: K.LidarParams) -> wp.array:
-        """Per sub-ray (tan of its offset angles, normalised weight), computed once per beam shape and device."""
+    def _beam_table(self, p: K.LidarParams) -> tuple[wp.array, float]:
+        """Per sub-ray (tan of its offset angles, normalised weight), computed once per beam shape and device, and
+        the tan of the largest sub-ray angle (the beam's cone)."""
         key = ("beam", int(p.beam_n), int(p.ray_type), float(p.div_h), float(p.div_v), str(self.device))
-        table = self._emitters.get(key)
-        if table is None:
+        entry = self._emitters.get(key)
+        if entry is None:
             table = wp.empty(max(1, int(p.beam_n)), dtype=wp.vec3, device=self.device)
             wp.launch(K.beam_table_kernel, int(p.beam_n), [p, table], device=self.device)
-            self._emitters[key] = table
-        return table
+            b = table.numpy().astype(np.float64)
+            entry = self._emitters[key] = (table, float(np.sqrt(b[:, 0] ** 2 + b[:, 1] ** 2).max()))
+        return entry
 
     def _trace(self, scene: Scene, ticks: dict, frame: tuple[int, int], chans: list[str], comp_ref: str,
                t0_ns: int, t1_ns: int, requires_grad: bool = False, overrides: dict | None = None) -> PointCloud:
