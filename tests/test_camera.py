@@ -224,6 +224,27 @@ def test_distance_of_plane_facing_camera(device):
     assert np.all(nrm[miss] == 0)
 
 
+def test_camera_keeps_the_time_window_of_renders_in_flight(device):
+    """A camera frame rendered while another render holds the scene's time window (a lidar at t ≈ 8 s in another
+    thread) widens the moving objects' bounds to cover both instead of replacing them."""
+    p, f = quad_mesh([7.0, 0.0, -9.0], [0, 0, 10.0], [0, 20.0, 0])
+    scene = _scene_with_parts([(p, f)], ["wall"])
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    scene.prototypes.append(MeshData(bp, bf, 1))
+    ts = np.linspace(0, 10, 101)
+    scene.instances.append(Instance(0, ts, np.column_stack([4 + 0 * ts, ts - 5, 0 * ts]),
+                                    np.tile([0, 0, 0, 1.0], (101, 1))))
+    cam = Camera(_plain_pinhole(32, 24, 20.0), device=device)
+    geo = scene.device_geometry(device)
+    alone = cam.render(scene, 1.0, 1.0, (P.DISTANCE,), _pose([0, 0, 0])).distance.numpy()
+    with geo.hold_time_window(8.0, 8.1):
+        during = cam.render(scene, 1.0, 1.0, (P.DISTANCE,), _pose([0, 0, 0])).distance.numpy()
+        assert geo.time_window == (1.0, 8.1)  # both windows covered while both trace
+        h = geo.trace([[0.0, 3.05, 0.0]], [[1.0, 0, 0]], 8.05).numpy()
+        assert h["t"][0] == pytest.approx(3.5, abs=1e-4)  # the other render still sees the box at t = 8.05
+    np.testing.assert_array_equal(during, alone)
+
+
 def test_semantics_of_two_objects(device):
     car = box_mesh([9.0, 1.0, -1.0], [11.0, 3.0, 1.0])  # world y > 0: left half of the image
     ped = box_mesh([9.5, -2.5, -1.0], [10.5, -1.5, 1.0])  # right half

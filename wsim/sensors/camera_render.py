@@ -240,7 +240,8 @@ def render_frame(geo: Any, params: _klens.LensParams, shutter: int, poses: wp.ar
     time.
 
     Args:
-        geo: The scene's ``SceneGeometry`` on the camera's device (its time window is set to [t0, t1]).
+        geo: The scene's ``SceneGeometry`` on the camera's device (held at the time window [t0, t1] while it
+            traces).
         params: The packed lens (``Camera.params``); its width and height are the image size.
         shutter: Shutter code (``ShutterType.device_code``).
         poses: (2,) ``wp.transform`` camera-to-world start/end poses (``requires_grad`` arrays are differentiated).
@@ -258,7 +259,6 @@ def render_frame(geo: Any, params: _klens.LensParams, shutter: int, poses: wp.ar
         raise ValueError(f"supersample: must be in [1, 16], got {supersample}")
     if not (vmax > 0 and math.isfinite(vmax)):
         raise ValueError(f"vmax: must be a positive distance, got {vmax}")
-    geo.set_time_window(t0, t1)
     d, h, w = wp.get_device(geo.device), params.height, params.width
     if requires_grad:
         prods.add(CameraProduct.DISTANCE)
@@ -274,15 +274,18 @@ def render_frame(geo: Any, params: _klens.LensParams, shutter: int, poses: wp.ar
     semantic = wp.empty((rh, rw), dtype=wp.int32, device=d)
     normal = wp.empty((rh, rw), dtype=wp.vec3, device=d)
     light = (lighting or SunSky()).to_warp()
-    if want_color or not requires_grad:
-        _launch.launch(_kshade.render_kernel, h * w,
-                       [geo.geo, _shade_tables(geo), light, params, shutter, poses, t0, t1,
-                        float(t_max), int(supersample), int(want_color), int(want_raw and not requires_grad)],
-                       [color, distance, semantic, normal], device=d)
     frame = CameraFrame(w, h, t0, t1, vmax=float(vmax), start_pose=start_pose, end_pose=end_pose)
-    if requires_grad:
-        distance = _distance_with_tape(geo, params, shutter, poses, t0, t1, float(t_max), distance, semantic,
-                                      normal, frame)
+    # the moving objects' top-level bounds cover the readout while this frame traces, whatever other threads render
+    # on the same scene meanwhile
+    with geo.hold_time_window(t0, t1):
+        if want_color or not requires_grad:
+            _launch.launch(_kshade.render_kernel, h * w,
+                           [geo.geo, _shade_tables(geo), light, params, shutter, poses, t0, t1,
+                            float(t_max), int(supersample), int(want_color), int(want_raw and not requires_grad)],
+                           [color, distance, semantic, normal], device=d)
+        if requires_grad:
+            distance = _distance_with_tape(geo, params, shutter, poses, t0, t1, float(t_max), distance, semantic,
+                                          normal, frame)
     if want_color:
         frame.color = color
     if CameraProduct.DISTANCE in prods:
