@@ -204,6 +204,7 @@ class SceneGeometry:
             geo.inst_lo, geo.inst_hi = self._tlas_lowers, self._tlas_uppers  # refit in place with the tree
         else:
             geo.tlas = wp.uint64(0)
+            geo.inst_lo = geo.inst_hi = wp.zeros(1, dtype=wp.vec3, device=self.device)  # (a struct's arrays are set)
 
     def with_instances(self, scene: Scene, instances: list, window: tuple[float, float] | None = None
                        ) -> SceneGeometry:
