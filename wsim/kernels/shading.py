@@ -17,6 +17,7 @@ from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .trace import Hit, SceneGeo, closest_hit, hit_distance, miss
+from .widebvh import wide_closest
 
 
 @wp.struct
@@ -71,7 +72,11 @@ def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, t
     """Whether anything lies on ``origin + t·direction``, 0 < t < t_max [m], with the scene at ``time`` [s]."""
     hit = False
     if geo.static_mesh != wp.uint64(0):
-        hit = wp.mesh_query_ray_anyhit(geo.static_mesh, origin, direction, t_max)
+        if geo.use_wide != 0:  # the 8-wide BVH's closest hit (about 3x the scalar tree's any-hit query on the CPU)
+            hit = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                               origin, direction, t_max)[1] >= 0.0
+        else:
+            hit = wp.mesh_query_ray_anyhit(geo.static_mesh, origin, direction, t_max)
     if not hit and geo.num_instances > 0:
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
@@ -145,7 +150,7 @@ def srgb_u8(x: float) -> wp.uint8:
     return wp.uint8(int(s * 255.0 + 0.5))
 
 
-@wp.func
+@wp.func(inline=True)
 def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.vec3, d: wp.vec3, t_max: float,
               time: float) -> wp.vec3:
     """Linear radiance seen along a ray."""
@@ -169,7 +174,7 @@ def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.ve
     return wp.cw_mul(a, direct + amb)
 
 
-@wp.func
+@wp.func(inline=True)
 def pixel_hit(geo: SceneGeo, origin: wp.vec3, rot: wp.quat, ray: wp.vec4, t_max: float, time: float) -> Hit:
     """The surface a pixel sees: ``ray`` = camera-frame direction and validity (from ``unproject``). Misses and rays
     outside the lens's field of view give t = 0, semantic 0, normal 0, face and instance −1; the normal of a hit is
