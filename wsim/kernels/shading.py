@@ -16,7 +16,8 @@ from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
-from .trace import Hit, SceneGeo, closest_hit, hit_distance, miss
+from .packet import mat64x3, mat64x4, vec64f, wide_packet
+from .trace import Hit, SceneGeo, closest_hit, closest_hit_given, hit_distance, miss
 from .widebvh import wide_closest
 
 
@@ -154,7 +155,12 @@ def srgb_u8(x: float) -> wp.uint8:
 def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.vec3, d: wp.vec3, t_max: float,
               time: float) -> wp.vec3:
     """Linear radiance seen along a ray."""
-    h = closest_hit(geo, origin, d, 0.0, t_max, time)
+    return shade_hit(geo, tables, light, d, closest_hit(geo, origin, d, 0.0, t_max, time), time)
+
+
+@wp.func(inline=True)
+def shade_hit(geo: SceneGeo, tables: ShadeTables, light: Lighting, d: wp.vec3, h: Hit, time: float) -> wp.vec3:
+    """Linear radiance seen along unit direction ``d`` whose closest surface is ``h`` (a miss: the sky)."""
     if h.face < 0:
         return sky(light, d)
     n = h.normal
@@ -243,6 +249,104 @@ def render_kernel(
         color[row, col, 0] = srgb_u8(acc[0])
         color[row, col, 1] = srgb_u8(acc[1])
         color[row, col, 2] = srgb_u8(acc[2])
+
+
+#: Pixels of one image row traced as one packet by :func:`render_rows_kernel`.
+ROW_PACKET = 64
+
+
+@wp.kernel
+def render_rows_kernel(
+    geo: SceneGeo,
+    tables: ShadeTables,
+    light: Lighting,
+    lens: LensParams,
+    shutter: int,
+    cam_poses: wp.array[wp.transform],
+    t0: float,
+    t1: float,
+    t_max: float,
+    want_color: int,
+    want_raw: int,
+    offset: int,
+    color: wp.array3d[wp.uint8],
+    distance: wp.array2d[float],
+    semantic: wp.array2d[wp.int32],
+    normal: wp.array2d[wp.vec3],
+):
+    """:func:`render_kernel` without supersampling for a run of up to ``ROW_PACKET`` pixels of one row (CPU, static
+    mesh on the 8-wide BVH): the pixels exposed at the same instant share the camera's position, so their rays find
+    their static surfaces in one packet traversal; the same bits as pixel by pixel, and one trace serves both the
+    raw products and the colour."""
+    i = wp.tid() + offset
+    runs = (lens.width + ROW_PACKET - 1) / ROW_PACKET
+    row = i / runs
+    c0 = (i - row * runs) * ROW_PACKET
+    n = wp.min(ROW_PACKET, lens.width - c0)
+    y = float(row) + 0.5
+    tau = relative_time(shutter, lens.width, lens.height, wp.vec2(float(c0) + 0.5, y))
+    same = int(1)
+    for j in range(n):
+        if relative_time(shutter, lens.width, lens.height, wp.vec2(float(c0 + j) + 0.5, y)) != tau:
+            same = 0
+    first = mat64x4()
+    dirs = mat64x3()
+    lo = vec64f()
+    hi = vec64f()
+    origin = wp.vec3()
+    rot = wp.quat()
+    if same != 0:
+        pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
+        origin = wp.transform_get_translation(pose)
+        rot = wp.transform_get_rotation(pose)
+        for j in range(n):
+            r = unproject(lens, wp.vec2(float(c0 + j) + 0.5, y))
+            if r[3] > 0.0:
+                d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
+                dirs[j, 0] = d[0]
+                dirs[j, 1] = d[1]
+                dirs[j, 2] = d[2]
+                hi[j] = t_max
+        first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                            origin, dirs, lo, hi, n)
+    for j in range(n):
+        col = c0 + j
+        centre = wp.vec2(float(col) + 0.5, y)
+        time = t0 + tau * (t1 - t0)
+        if same == 0:  # each pixel at its own instant: one by one
+            tau_j = relative_time(shutter, lens.width, lens.height, centre)
+            time = t0 + tau_j * (t1 - t0)
+            pose = lerp_pose(cam_poses[0], cam_poses[1], tau_j)
+            origin = wp.transform_get_translation(pose)
+            rot = wp.transform_get_rotation(pose)
+        r = unproject(lens, centre)
+        h = miss()
+        h.normal = wp.vec3(0.0)
+        d = wp.vec3(0.0, 0.0, 1.0)
+        if r[3] > 0.0:
+            d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
+            hit = miss()
+            if same != 0:
+                hit = closest_hit_given(geo, origin, d, 0.0, t_max, time,
+                                        wp.vec4(first[j, 0], first[j, 1], first[j, 2], first[j, 3]))
+            else:
+                hit = closest_hit(geo, origin, d, 0.0, t_max, time)
+            if want_raw != 0 and hit.face >= 0:
+                h = hit
+                if wp.dot(h.normal, d) > 0.0:
+                    h.normal = -h.normal
+            if want_color != 0:
+                acc = shade_hit(geo, tables, light, d, hit, time)
+                color[row, col, 0] = srgb_u8(acc[0])
+                color[row, col, 1] = srgb_u8(acc[1])
+                color[row, col, 2] = srgb_u8(acc[2])
+        elif want_color != 0:
+            for k in range(3):
+                color[row, col, k] = srgb_u8(0.0)
+        if want_raw != 0:
+            distance[row, col] = h.t
+            semantic[row, col] = h.semantic
+            normal[row, col] = h.normal
 
 
 @wp.kernel

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import weakref
 import zlib
 from collections.abc import Iterable, Sequence
@@ -115,6 +116,11 @@ _CLASS_COLORS = {
     "bicycle": (119, 11, 32), "curb": (196, 196, 196), "lane_marking": (255, 255, 255), "ground": (81, 0, 81),
 }
 
+
+#: On the CPU, runs of up to 64 pixels of a row exposed at the same instant are traced as one packet through the
+#: 8-wide BVH (:func:`wsim.kernels.shading.render_rows_kernel`; bit-identical to pixel by pixel; not with
+#: supersampling). False (or ``WSIM_CAMERA_PACKETS=0``) renders pixel by pixel; CUDA always does.
+ROW_PACKETS = os.environ.get("WSIM_CAMERA_PACKETS", "1") != "0"
 
 def semantic_palette(class_names: Sequence[str]) -> np.ndarray:
     """(C, 3) uint8 colour per semantic class (index 0 = unlabeled = black)."""
@@ -278,7 +284,14 @@ def render_frame(geo: Any, params: _klens.LensParams, shutter: int, poses: wp.ar
     # the moving objects' top-level bounds cover the readout while this frame traces, whatever other threads render
     # on the same scene meanwhile
     with geo.hold_time_window(t0, t1):
-        if want_color or not requires_grad:
+        if (want_color or not requires_grad) and ROW_PACKETS and int(supersample) == 1 and d.is_cpu \
+                and geo.geo.use_wide != 0:
+            runs = (w + _kshade.ROW_PACKET - 1) // _kshade.ROW_PACKET
+            _launch.launch(_kshade.render_rows_kernel, h * runs,
+                           [geo.geo, _shade_tables(geo), light, params, shutter, poses, t0, t1,
+                            float(t_max), int(want_color), int(want_raw and not requires_grad)],
+                           [color, distance, semantic, normal], device=d)
+        elif want_color or not requires_grad:
             _launch.launch(_kshade.render_kernel, h * w,
                            [geo.geo, _shade_tables(geo), light, params, shutter, poses, t0, t1,
                             float(t_max), int(supersample), int(want_color), int(want_raw and not requires_grad)],
