@@ -73,3 +73,23 @@ def empty_scene():
     from wsim.scene import MeshData, Scene
 
     return Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0), source="test")
+
+
+def uv_sphere(center, radius: float, n_lon: int = 24, n_lat: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """A UV sphere whose faces share their vertices (outward winding): the poles and n_lat − 1 rings of n_lon."""
+    th = np.linspace(0.0, np.pi, n_lat + 1)[1:-1]
+    ph = np.linspace(0.0, 2 * np.pi, n_lon, endpoint=False)
+    ring = np.stack([np.outer(np.sin(th), np.cos(ph)), np.outer(np.sin(th), np.sin(ph)),
+                     np.outer(np.cos(th), np.ones(n_lon))], -1).reshape(-1, 3)
+    pts = np.concatenate([[[0, 0, 1.0]], ring, [[0, 0, -1.0]]]) * radius + np.asarray(center, float)
+    last = len(pts) - 1
+
+    def at(i, j):
+        return 1 + i * n_lon + (j % n_lon)
+
+    faces = [[0, at(0, j), at(0, j + 1)] for j in range(n_lon)]
+    for i in range(n_lat - 2):
+        for j in range(n_lon):
+            faces += [[at(i, j), at(i + 1, j), at(i + 1, j + 1)], [at(i, j), at(i + 1, j + 1), at(i, j + 1)]]
+    faces += [[last, at(n_lat - 2, j + 1), at(n_lat - 2, j)] for j in range(n_lon)]
+    return pts, np.array(faces)

@@ -32,7 +32,8 @@ from .lidar_types import (  # noqa: F401
 )
 from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, wide_packet
-from .trace import Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, continue_past, hit_distance, miss, point_velocity
+from .trace import (Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, continue_past, hit_distance,
+                    miss, point_velocity, shading_normal)
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
@@ -255,9 +256,19 @@ def signal_from(rho: float, retro: int, n: wp.vec3, d: wp.vec3, r: float) -> flo
 
 
 @wp.func(inline=True)
-def surface_signal(hit: Hit, d: wp.vec3, refl: wp.array[float]) -> float:
+def surface_signal(geo: SceneGeo, p: LidarParams, hit: Hit, d: wp.vec3, refl: wp.array[float]) -> float:
     """Per-unit-weight, per-unit-transmittance signal of a hit (both faces return)."""
-    return signal_from(refl[hit.material], wp.where((hit.material_id >> 11) & 2 != 0, 1, 0), hit.normal, d, hit.t)
+    return signal_from(refl[hit.material], wp.where((hit.material_id >> 11) & 2 != 0, 1, 0),
+                       signal_normal(geo, p, hit), d, hit.t)
+
+
+@wp.func(inline=True)
+def signal_normal(geo: SceneGeo, p: LidarParams, hit: Hit) -> wp.vec3:
+    """The normal of the incidence angle in a return's signal and intensity: the smooth (interpolated vertex)
+    normal when ``p.smooth``, else the face's."""
+    if p.smooth != 0:
+        return shading_normal(geo, hit)
+    return hit.normal
 
 
 @wp.func(inline=True)
@@ -286,7 +297,7 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
     depth = int(0)
     while h.face >= 0 and n < p.max_returns:
         r[n] = h.t
-        s[n] = tau * surface_signal(h, ray.dir, refl)
+        s[n] = tau * surface_signal(geo, p, h, ray.dir, refl)
         code[n] = depth
         taus[n] = tau
         n += 1
@@ -344,7 +355,7 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
             h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
         depth = int(0)
         while h.face >= 0 and depth < p.hits_per_subray and m < MAX_CONTRIB:
-            s = w * tau * surface_signal(h, dk, refl)
+            s = w * tau * surface_signal(geo, p, h, dk, refl)
             j = m - 1
             while j >= 0 and cr[j] > h.t:
                 cr[j + 1] = cr[j]
@@ -649,7 +660,7 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     ret = Return()
     ret.hit = h
     ret.subray = k
-    ret.intensity = intensity_from(p, ech.s[r], rng, wp.abs(wp.dot(h.normal, dk)), gain[fr.emitter])
+    ret.intensity = intensity_from(p, ech.s[r], rng, wp.abs(wp.dot(signal_normal(geo, p, h), dk)), gain[fr.emitter])
     ret.flags = detection_flags(p, em, ticks, fr, ech.s[r], rng)
     ret.coords = coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
     if (p.want & WANT_NORMAL) != 0:
@@ -657,7 +668,7 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     if (p.want & WANT_VELOCITY) != 0:
         ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), of)
     ret.tau = ech.tau[r]
-    ret.rep_s = ech.tau[r] * surface_signal(h, dk, refl)
+    ret.rep_s = ech.tau[r] * surface_signal(geo, p, h, dk, refl)
     ret.peak_r = ech.r[r]
     ret.peak_s = ech.s[r]
     ret.noise = noise

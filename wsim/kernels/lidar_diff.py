@@ -17,7 +17,7 @@ from .lidar_types import (
     Contributions, EmitterTable, FiringRay, LidarParams, Members, Peaks, RAY_IDEALIZED, Slots, TickTable, vec64f,
     vec64i,
 )
-from .trace import SceneGeo, hit_distance, hit_triangle, miss
+from .trace import SceneGeo, hit_distance, hit_triangle, miss, smooth_normal_at
 
 
 @wp.func
@@ -129,6 +129,19 @@ def surface_contribution(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: fl
     tri = hit_triangle(geo, h)
     n = wp.normalize(wp.cross(tri[1] - tri[0], tri[2] - tri[0]))
     t = hit_distance(geo, h, ray.origin, dk)
+    if p.smooth != 0:  # the interpolated vertex normals at the point hit (the vertex normals held constant)
+        e0 = tri[1] - tri[0]
+        e1 = tri[2] - tri[0]
+        q = ray.origin + dk * t - tri[0]
+        d00 = wp.dot(e0, e0)
+        d01 = wp.dot(e0, e1)
+        d11 = wp.dot(e1, e1)
+        d20 = wp.dot(q, e0)
+        d21 = wp.dot(q, e1)
+        den = d00 * d11 - d01 * d01
+        wb = (d11 * d20 - d01 * d21) / den
+        wc = (d00 * d21 - d01 * d20) / den
+        n = smooth_normal_at(geo, face, inst, time, 1.0 - wb - wc, wb, wc, n)
     retro = int(0)
     if (geo.material_code[mid] >> 11) & 2 != 0:
         retro = 1

@@ -73,6 +73,7 @@ class LidarParams:
     packet: wp.int32  # 1: a beam's sub-rays traverse the static wide BVH as one packet (CPU)
     beam: wp.array[wp.vec3]  # per sub-ray k: tan of its horizontal and vertical offset angles, weight / Σ weights
     beam_tan: float  # tan of the largest angle between a sub-ray and the beam's centre
+    smooth: wp.int32  # 1: incidence angles from the interpolated vertex normals (smooth shading normals)
 
 
 @wp.struct

@@ -91,6 +91,11 @@ class SceneGeo:
     proto_wide_v1: wp.array[wp.vec3]
     proto_wide_v2: wp.array[wp.vec3]
     proto_wide_fid: wp.array[wp.int32]
+    # angle-weighted vertex normals (SceneGeometry.ensure_vertex_normals; 1-entry placeholders until then): static mesh
+    # vertices, the prototypes' vertices one after the other, and each instance's first entry among those
+    static_vn: wp.array[wp.vec3]
+    proto_vn: wp.array[wp.vec3]
+    inst_vn_start: wp.array[wp.int32]
 
 
 @wp.func
@@ -432,6 +437,68 @@ def instance_transform(geo: SceneGeo, inst: int, time: float):
     """(translation, rotation, scale) of instance ``inst`` at ``time`` [s]."""
     return sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[inst],
                        geo.inst_key_count[inst], time)
+
+
+@wp.func
+def shading_normal(geo: SceneGeo, hit: Hit) -> wp.vec3:
+    """Unit smooth normal at a hit: the vertex normals of its face interpolated with its barycentrics (world axes;
+    :meth:`wsim.scene.geometry.SceneGeometry.ensure_vertex_normals` must have run). Its sign is the vertex normals',
+    not necessarily the geometric normal's; a miss, or a degenerate interpolation, gives ``hit.normal``."""
+    if hit.face < 0:
+        return hit.normal
+    return smooth_normal_at(geo, hit.face, hit.instance, hit.time, hit.u, hit.v, 1.0 - hit.u - hit.v, hit.normal)
+
+
+#: A vertex normal more than 45° off a face's own normal is not used at that face's corner (its face normal is):
+#: the corners of a box whose faces share vertices stay flat, a finely tessellated curved surface shades smoothly.
+SMOOTH_CREASE_COS = 0.70710678
+
+
+@wp.func
+def smooth_normal_at(geo: SceneGeo, face: int, inst: int, time: float, wa: float, wb: float, wc: float,
+                     fallback: wp.vec3) -> wp.vec3:
+    """Unit interpolation wa·n0 + wb·n1 + wc·n2 of the corner normals of ``face`` (static, or of instance ``inst``
+    at ``time`` [s]) in world axes: each corner's vertex normal, or the face's own normal where the two differ by
+    more than the crease angle (:data:`SMOOTH_CREASE_COS`); ``fallback`` where the interpolation vanishes."""
+    mesh_id = geo.static_mesh
+    if inst >= 0:
+        mesh_id = geo.inst_mesh[inst]
+    m = wp.mesh_get(mesh_id)
+    i0 = m.indices[face * 3 + 0]
+    i1 = m.indices[face * 3 + 1]
+    i2 = m.indices[face * 3 + 2]
+    fl = wp.cross(m.points[i1] - m.points[i0], m.points[i2] - m.points[i0])
+    lf = wp.length(fl)
+    if lf > 0.0:
+        fl = fl / lf
+    base = int(0)
+    if inst >= 0:
+        base = geo.inst_vn_start[inst]
+    n0 = corner_normal(geo, inst, base + i0, i0, fl)
+    n1 = corner_normal(geo, inst, base + i1, i1, fl)
+    n2 = corner_normal(geo, inst, base + i2, i2, fl)
+    n = n0 * wa + n1 * wb + n2 * wc
+    if inst >= 0:
+        xf = instance_transform(geo, inst, time)
+        n = wp.quat_rotate(xf.rot, wp.cw_div(n, xf.scale))
+    ln = wp.length(n)
+    if ln < 1.0e-12:
+        return fallback
+    return n / ln
+
+
+@wp.func
+def corner_normal(geo: SceneGeo, inst: int, proto_index: int, static_index: int, face_n: wp.vec3) -> wp.vec3:
+    """A face corner's normal (the mesh's own axes): its vertex normal within the crease angle of the face's unit
+    normal ``face_n``, else ``face_n``."""
+    vn = wp.vec3(0.0)
+    if inst >= 0:
+        vn = geo.proto_vn[proto_index]
+    else:
+        vn = geo.static_vn[static_index]
+    if wp.dot(vn, face_n) < SMOOTH_CREASE_COS:
+        return face_n
+    return vn
 
 
 @wp.func

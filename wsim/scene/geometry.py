@@ -121,6 +121,10 @@ class SceneGeometry:
         self._build_tlas(geo, None)
         self._set_wide(geo)
         self._set_proto_wide(geo)
+        geo.static_vn = geo.proto_vn = wp.zeros(1, dtype=wp.vec3, device=d)  # ensure_vertex_normals fills them
+        starts = np.cumsum([0] + [len(p.points) for p in scene.prototypes])
+        geo.inst_vn_start = wp.array([int(starts[i.prototype]) for i in insts] or [0], dtype=wp.int32, device=d)
+        self._vertex_normals: tuple[wp.array, wp.array] | None = None
         self.geo = geo
 
     @classmethod
@@ -227,6 +231,7 @@ class SceneGeometry:
         view.instances = list(instances)
         view._local_bounds = self._local_bounds
         view._wide = self._wide
+        view._vertex_normals = self._vertex_normals
         geo = _trace.SceneGeo()
         for name in _trace.SceneGeo.vars:
             setattr(geo, name, getattr(self.geo, name))
@@ -235,6 +240,24 @@ class SceneGeometry:
         view._build_tlas(geo, window)
         view.geo = geo
         return view
+
+    def ensure_vertex_normals(self) -> None:
+        """Compute (once) the vertex normals of the static mesh and the prototypes (angle-weighted, see
+        :func:`_vertex_normals`) and put them in :attr:`geo`, where smooth shading normals read them: a surface
+        whose faces share vertices shades smoothly, one whose faces do not (split vertices) keeps its creases."""
+        if self._vertex_normals is None:
+            base = self._keep[0] if self._keep and isinstance(self._keep[0], SceneGeometry) else self
+            if base is not self:
+                base.ensure_vertex_normals()
+                self._vertex_normals = base._vertex_normals
+            else:
+                d = self.device
+                sv = _vertex_normals(self.scene.static) if self.scene.static.num_triangles else np.zeros((1, 3))
+                pv = [_vertex_normals(p) for p in self.scene.prototypes]
+                pv = np.concatenate(pv) if pv and sum(len(v) for v in pv) else np.zeros((1, 3))
+                self._vertex_normals = (wp.array(sv.astype(np.float32), dtype=wp.vec3, device=d),
+                                        wp.array(pv.astype(np.float32), dtype=wp.vec3, device=d))
+        self.geo.static_vn, self.geo.proto_vn = self._vertex_normals
 
     @property
     def num_triangles(self) -> int:
@@ -393,3 +416,23 @@ class SceneGeometry:
 
 
 set_device_geometry_builder(SceneGeometry.of)
+
+
+def _vertex_normals(mesh) -> np.ndarray:
+    """(V, 3) float64 unit vertex normals of a MeshData: the sum of the unit normals of a vertex's faces, each
+    weighted by the face's angle at that vertex (so a box's corner gets the diagonal however large its faces are);
+    zero for vertices of no face, or whose faces' normals cancel."""
+    p = np.asarray(mesh.points, np.float64)
+    f = np.asarray(mesh.indices, np.int64).reshape(-1, 3)
+    fn = np.cross(p[f[:, 1]] - p[f[:, 0]], p[f[:, 2]] - p[f[:, 0]])
+    ln = np.linalg.norm(fn, axis=1, keepdims=True)
+    fn = np.divide(fn, ln, out=np.zeros_like(fn), where=ln > 0)
+    vn = np.zeros((len(p), 3))
+    for k in range(3):
+        e1 = p[f[:, (k + 1) % 3]] - p[f[:, k]]
+        e2 = p[f[:, (k + 2) % 3]] - p[f[:, k]]
+        angle = np.arctan2(np.linalg.norm(np.cross(e1, e2), axis=1), np.sum(e1 * e2, axis=1))
+        for a in range(3):
+            vn[:, a] += np.bincount(f[:, k], weights=fn[:, a] * angle, minlength=len(p))
+    ln = np.linalg.norm(vn, axis=1, keepdims=True)
+    return np.divide(vn, ln, out=np.zeros_like(vn), where=ln > 0)

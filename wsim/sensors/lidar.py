@@ -406,6 +406,9 @@ class Lidar:
         p.window_filter = int(c.partial_outputs and not c.instant_lidar)
         p.want = _wanted(chans, requires_grad)
         p.packet = int(BEAM_PACKETS and p.beam_n > 1 and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu)
+        p.smooth = int(c.smooth_normals)
+        if c.smooth_normals:
+            geo.ensure_vertex_normals()
         custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
         tt = K.TickTable()
         if n_fire:

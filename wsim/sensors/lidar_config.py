@@ -142,6 +142,10 @@ class LidarConfig:
     azimuth_error_std: float = _attr("azimuthErrorStd", 0.0, float)
     elevation_error_std: float = _attr("elevationErrorStd", 0.0, float)
     seed: int = field(default=0, metadata={"usd_full": "wsim:seed", "kind": int})
+    #: Incidence angles (signal and intensity) from smooth shading normals — the mesh's angle-weighted vertex normals
+    #: interpolated across each face — instead of the faces' own normals, so intensity is continuous across the
+    #: creases of a surface whose faces share vertices. HitNormal stays the face's normal.
+    smooth_normals: bool = field(default=False, metadata={"usd_full": "wsim:smoothNormals", "kind": bool})
     emitter_states: list[EmitterState] = field(default_factory=list)
     name: str = ""
 
