@@ -468,3 +468,32 @@ def test_wide_bvh_is_watertight_on_the_builtin_buildings():
     leaks, n_targets = _count_leaks(sub, lambda tri: (lo[tri_b[tri]], hi[tri_b[tri]]), 5_000_000)
     assert n_targets > 20000
     assert leaks == 0, f"{leaks} of 5M rays passed through"
+
+
+@pytest.mark.slow
+def test_wide_bvh_serves_meshes_beyond_2_to_the_24_triangles():
+    """A 2049 × 4097 grid of 16.8 M triangles (more than a float holds exactly as a face index): the 8-wide BVH still
+    serves it, and rays aimed at the last triangles get their exact face indices and distances."""
+    nx, ny = 2049, 4097  # vertices: 2 · 2048 · 4096 = 2^24 triangles, plus one strip more
+    nx += 1
+    xs = np.arange(nx, dtype=np.float32) * 0.01
+    ys = np.arange(ny, dtype=np.float32) * 0.01
+    pts = np.zeros((nx * ny, 3), np.float32)
+    pts[:, 0] = np.repeat(xs, ny)
+    pts[:, 1] = np.tile(ys, nx)
+    i = (np.arange(nx - 1)[:, None] * ny + np.arange(ny - 1)[None]).reshape(-1).astype(np.int32)
+    faces = np.empty((2 * len(i), 3), np.int32)
+    faces[0::2] = np.stack([i, i + ny, i + ny + 1], 1)
+    faces[1::2] = np.stack([i, i + ny + 1, i + 1], 1)
+    del i
+    assert len(faces) > 1 << 24
+    geo = SceneGeometry(_static_scene(pts, faces), "cpu")
+    assert geo.geo.use_wide == 1
+    # rays straight down onto the centres of the last few cells, from 5 m
+    cells = np.arange(len(faces) // 2 - 6, len(faces) // 2)
+    cx, cy = cells // (ny - 1), cells % (ny - 1)
+    # the lower triangle of a cell (vertices i, i + ny, i + ny + 1) holds the point a third of the way in
+    o = np.column_stack([(cx + 2 / 3) * 0.01, (cy + 1 / 3) * 0.01, np.full(len(cells), 5.0)])
+    h = geo.trace(o, np.tile([0.0, 0.0, -1.0], (len(cells), 1))).numpy()
+    np.testing.assert_array_equal(h["face"], 2 * cells)
+    np.testing.assert_allclose(h["t"], 5.0, atol=1e-5)

@@ -323,7 +323,10 @@ for (int c = 0; c < nc; ++c) {
         if (k < 0 || cHF[c][l] < 0) continue;
         // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
         res.data[k][0] = cTM[c][l];
-        res.data[k][1] = float(cHF[c][l]);
+        const int face = cHF[c][l];  // (a scalar first: a vector element is no operand for the bit cast)
+        float face_bits;
+        __builtin_memcpy(&face_bits, &face, sizeof(float));
+        res.data[k][1] = face_bits;  // the face's bits (wide_face)
         res.data[k][2] = cHU[c][l];
         res.data[k][3] = cHV[c][l];
     }

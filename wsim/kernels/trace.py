@@ -7,7 +7,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 import warp as wp
 
 from .pose import difference_window, sample_keys
-from .widebvh import wide_closest, wide_closest_from
+from .widebvh import wide_closest, wide_closest_from, wide_face
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -149,7 +149,7 @@ def _try_instance(geo: SceneGeo, idx: int, origin: wp.vec3, direction: wp.vec3, 
                               b.t - t_min)
         if w[1] >= 0.0:
             b.t = t_min + w[0]
-            b.face = int(w[1])
+            b.face = wide_face(w[1])
             b.inst = idx
             b.u = w[2]
             b.v = w[3]
@@ -308,7 +308,7 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
         return closest_hit_given(geo, origin, direction, 0.0, t_max, time, w)
     b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
     if w[1] >= 0.0:
-        b = _nearest(0.0 + w[0], int(w[1]), w[2], w[3], _static_normal(geo, int(w[1])))
+        b = _nearest(0.0 + w[0], wide_face(w[1]), w[2], w[3], _static_normal(geo, wide_face(w[1])))
     rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
     for j in range(listed.n):
         idx = listed.idx[j]
@@ -344,7 +344,7 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
                              start, direction, span)
             if w[1] >= 0.0:
                 best_t = t_min + w[0]
-                best_face = int(w[1])
+                best_face = wide_face(w[1])
                 bu = w[2]
                 bv = w[3]
                 m = wp.mesh_get(geo.static_mesh)
@@ -374,7 +374,7 @@ def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min:
     bn = wp.vec3(0.0, 0.0, 1.0)
     if w[1] >= 0.0:
         best_t = t_min + w[0]
-        best_face = int(w[1])
+        best_face = wide_face(w[1])
         bu = w[2]
         bv = w[3]
         m = wp.mesh_get(geo.static_mesh)

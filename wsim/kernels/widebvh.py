@@ -174,7 +174,7 @@ while (true) {
 }
 if (hitf < 0) return wp::vec4(-1.0f, -1.0f, 0.0f, 0.0f);
 // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
-return wp::vec4(tmax, float(hitf), hu, hv);
+return wp::vec4(tmax, __builtin_bit_cast(float, hitf), hu, hv);  // the face's bits: see wide_face
 #endif
 """
 
@@ -433,3 +433,13 @@ def wide_triangles_kernel(id: wp.uint64, points: wp.array[wp.vec3], indices: wp.
     v1[tri_off + k] = points[indices[f * 3 + 1]]
     v2[tri_off + k] = points[indices[f * 3 + 2]]
     fid[tri_off + k] = f
+
+
+@wp.func_native("""
+return __builtin_bit_cast(int, x);
+""")
+def wide_face(x: float) -> int:
+    """The face index that :func:`wide_closest` (and the packet traversal) return in the second entry of their
+    result: its int32 bits, exact at any mesh size (−1.0 for a miss decodes to a negative number; a hit's entry is a
+    non-negative float, so ``w[1] >= 0.0`` tells hits too)."""
+    ...

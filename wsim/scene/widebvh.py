@@ -11,6 +11,8 @@ from ..kernels import widebvh as _kw
 
 WIDTH = 8
 MAX_LEAF = 4
+#: Triangles a wide BVH (or the prototypes' pool) may hold: a leaf's first triangle is stored in 28 bits.
+MAX_WIDE_TRIS = 1 << 28
 
 
 def export_bvh(mesh: wp.Mesh) -> dict:
@@ -115,8 +117,9 @@ class _Plan:
         self.num_tris = int(mesh.indices.shape[0]) // 3
 
     def usable(self) -> bool:
-        """Whether the wide traversal can serve this tree (its stack, the 3-bit leaf count, float-exact faces)."""
-        return (0 < self.num_tris < 1 << 24 and self.max_leaf_count <= 8
+        """Whether the wide traversal can serve this tree (its stack, the 3-bit leaf count, leaf starts below
+        2^28)."""
+        return (0 < self.num_tris < MAX_WIDE_TRIS and self.max_leaf_count <= 8
                 and self.depth * (self.width - 1) + 1 <= _kw.WIDE_STACK)
 
     def fill(self, out: dict, node_off: int = 0, tri_off: int = 0) -> None:
@@ -143,7 +146,7 @@ def build_wide_bvh(mesh: wp.Mesh, points: np.ndarray | None = None, indices: np.
     (deeper than its stack, more faces than a float holds). Built natively from the mesh's binary BVH (the same tree
     as :func:`collapse`); the triangles' vertices are the mesh's own (``points`` / ``indices`` are not needed and
     only kept for older callers)."""
-    if mesh.indices.shape[0] == 0 or mesh.indices.shape[0] // 3 >= 1 << 24:
+    if mesh.indices.shape[0] == 0 or mesh.indices.shape[0] // 3 >= MAX_WIDE_TRIS:
         return None
     plan = _Plan(mesh)
     if not plan.usable():
@@ -163,7 +166,7 @@ def build_wide_pool(meshes: list) -> tuple[dict, list[int]] | None:
     plans = []
     for m in meshes:
         p = None
-        if m is not None and 0 < m.indices.shape[0] // 3 < 1 << 24:
+        if m is not None and 0 < m.indices.shape[0] // 3 < MAX_WIDE_TRIS:
             p = _Plan(m)
             if not p.usable():
                 p = None
@@ -172,7 +175,7 @@ def build_wide_pool(meshes: list) -> tuple[dict, list[int]] | None:
         return None
     nodes = sum(p.num_nodes for p in plans if p)
     tris = sum(p.num_tris for p in plans if p)
-    if tris >= 1 << 24:
+    if tris >= MAX_WIDE_TRIS:
         return None
     out = _alloc(nodes, tris)
     roots, node_off, tri_off = [], 0, 0
