@@ -166,6 +166,34 @@ def test_folder_layout(serial):
     assert not list(serial.rglob(".*.partial"))
 
 
+def test_files_written_at_once_by_several_writers(tmp_path):
+    """Shards of one sequence write its rig.json at the same time (different workers): every write succeeds and the
+    file is whole (each writer had its own temporary file; a shared one failed a shard now and then, which then
+    succeeded on its retry)."""
+    import threading
+
+    from wsim.dataset.writers import atomic_write
+
+    path = tmp_path / "seq" / "rig.json"
+    data = [bytes([65 + k]) * 200_000 for k in range(4)]
+    errors: list[BaseException] = []
+
+    def write(k: int) -> None:
+        try:
+            for _ in range(100):
+                atomic_write(path, data[k])
+        except BaseException as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert path.read_bytes() in data and not list(path.parent.glob(".*.partial"))
+
+
 def test_killed_worker_then_rerun_renders_only_the_missing_shard(serial, tmp_path, monkeypatch):
     root = tmp_path / "crash"
     spec = parse_spec(spec_doc(chunk=2))  # 5 shards of 2 frames, one worker: the crash lands in the second shard

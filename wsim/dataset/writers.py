@@ -22,6 +22,7 @@ import dataclasses
 import io
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -39,9 +40,11 @@ def partial_name(path: Path) -> Path:
 
 
 def atomic_write(path: Path, data: bytes) -> int:
-    """Write ``data`` to ``path`` through a temporary file and a rename; returns the size [bytes]."""
+    """Write ``data`` to ``path`` through a temporary file of this process and thread and a rename (workers that
+    write the same file at once, such as the shards of one sequence its ``rig.json``, do not share a temporary
+    file); returns the size [bytes]."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = partial_name(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
