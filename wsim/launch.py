@@ -20,7 +20,8 @@ from typing import Any
 import warp as wp
 
 _POOL: ThreadPoolExecutor | None = None
-_MIN_SHARD = 2048
+#: Fewest work items a CPU launch shard gets by default (see :func:`launch`).
+MIN_SHARD = 2048
 _local = threading.local()
 
 
@@ -64,7 +65,8 @@ def _pool(n: int) -> ThreadPoolExecutor:
     return _POOL
 
 
-def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, threads: int | None = None) -> None:
+def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, threads: int | None = None,
+           min_shard: int = MIN_SHARD) -> None:
     """Launch a 1-D kernel whose second-to-last input is an ``offset: int`` added to ``wp.tid()``.
 
     Args:
@@ -74,6 +76,8 @@ def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, t
         outputs: Kernel arguments after the offset argument.
         device: Warp device.
         threads: CPU threads (default :func:`cpu_threads`); ignored on CUDA, where one launch is made.
+        min_shard: Fewest work items a CPU shard gets (smaller for kernels whose items are heavy, such as packets
+            of many rays).
     """
     if dim <= 0:
         return
@@ -81,11 +85,11 @@ def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, t
     is_cancelled = getattr(_local, "is_cancelled", None)
     dev = wp.get_device(device)
     n = 1 if dev.is_cuda else (threads or cpu_threads())
-    if n <= 1 or dim < 2 * _MIN_SHARD:
+    if n <= 1 or dim < 2 * min_shard:
         wp.launch(kernel, dim=dim, inputs=[*inputs, 0], outputs=outputs, device=dev)
         return
     # several shards per thread balance uneven work (some rays are far more expensive than others)
-    shards = min(max(n * 8, 1), max(1, dim // _MIN_SHARD))
+    shards = min(max(n * 8, 1), max(1, dim // min_shard))
     bounds = [dim * k // shards for k in range(shards + 1)]
     # compile/load once on this thread before fanning out
     wp.load_module(kernel.module, device=dev)

@@ -290,7 +290,8 @@ def render_frame(geo: Any, params: _klens.LensParams, shutter: int, poses: wp.ar
             _launch.launch(_kshade.render_rows_kernel, h * runs,
                            [geo.geo, _shade_tables(geo), light, params, shutter, poses, t0, t1,
                             float(t_max), int(want_color), int(want_raw and not requires_grad)],
-                           [color, distance, semantic, normal], device=d)
+                           [color, distance, semantic, normal], device=d,
+                           min_shard=max(1, _launch.MIN_SHARD // _kshade.ROW_PACKET))
         elif want_color or not requires_grad:
             _launch.launch(_kshade.render_kernel, h * w,
                            [geo.geo, _shade_tables(geo), light, params, shutter, poses, t0, t1,
