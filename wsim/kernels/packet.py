@@ -1,5 +1,6 @@
 """Packet traversal of the 8-wide BVH (CPU): up to 64 rays from one origin, each with its own direction and range,
-traced together (a lidar beam's sub-rays, which lie in a cone of a few tenths of a degree).
+traced together (a lidar beam's sub-rays, which lie in a cone of a few tenths of a degree; a run of a camera row's
+pixels).
 
 The tree is walked once per packet. At inner nodes one interval test stands for all rays: the rays' start points and
 reciprocal directions are bounded per axis, and since rounding is monotone the bounds of the slab distances computed
@@ -7,10 +8,13 @@ from them bound every ray's own (rounded) slab distances — a child that any ra
 leaf each ray, 8 rays per SIMD vector, gets the very box test, watertight triangle test and plane distance of
 :func:`wsim.kernels.widebvh.wide_closest`, lane by lane in the same float operations. With that traversal's
 order-independent rules (equal distances: smallest face index; a box culled only beyond ``CULL`` × the current hit)
-every ray's result (t, face, u, v) is bit-identical to tracing it alone with ``wide_closest``.
+every ray's result (t, face, u, v) is bit-identical to tracing it alone with ``wide_closest`` (the face as its int32
+bits, :func:`wsim.kernels.widebvh.wide_face`). Callers: :func:`wsim.kernels.lidar.walk_beam` and
+:func:`wsim.kernels.shading.render_rows_kernel`, then :func:`wsim.kernels.trace.closest_hit_given` /
+``closest_hit_listed`` per ray for the instances and the hit record.
 
-On CUDA the snippet compiles to a stub returning misses; callers keep the per-ray path there (see
-:func:`wsim.kernels.trace.static_packet`, which does so by itself).
+On CUDA the snippet compiles to a stub returning misses; the host selects the packet paths on the CPU only
+(``LidarParams.packet``, ``ROW_PACKETS``).
 """
 
 import warp as wp
