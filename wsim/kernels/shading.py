@@ -18,7 +18,7 @@ from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, wide_packet
 from .trace import Hit, SceneGeo, closest_hit, closest_hit_given, hit_distance, miss
-from .widebvh import wide_closest
+from .widebvh import wide_any
 
 
 @wp.struct
@@ -73,9 +73,9 @@ def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, t
     """Whether anything lies on ``origin + t·direction``, 0 < t < t_max [m], with the scene at ``time`` [s]."""
     hit = False
     if geo.static_mesh != wp.uint64(0):
-        if geo.use_wide != 0:  # the 8-wide BVH's closest hit (about 3x the scalar tree's any-hit query on the CPU)
-            hit = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                               origin, direction, t_max)[1] >= 0.0
+        if geo.use_wide != 0:  # the 8-wide BVH's any-hit query (about 3x the scalar tree's on the CPU)
+            hit = wide_any(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                           origin, direction, t_max)[1] >= 0.0
         else:
             hit = wp.mesh_query_ray_anyhit(geo.static_mesh, origin, direction, t_max)
     if not hit and geo.num_instances > 0:

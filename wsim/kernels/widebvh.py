@@ -164,6 +164,7 @@ while (true) {
             hitf = F[k];
             hu = U * inv;
             hv = V * inv;
+            if (ANY_HIT) return wp::vec4(tmax, __builtin_bit_cast(float, hitf), hu, hv);
         }
     }
     while (sp > 0) {
@@ -179,7 +180,7 @@ return wp::vec4(tmax, __builtin_bit_cast(float, hitf), hu, hv);  // the face's b
 """
 
 
-@wp.func_native(_TRACE)
+@wp.func_native("const bool ANY_HIT = false;\n" + _TRACE)
 def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
                  v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3,
                  max_t: float) -> wp.vec4:
@@ -189,7 +190,15 @@ def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array
 
 
 
-@wp.func_native(_TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
+@wp.func_native("const bool ANY_HIT = true;\n" + _TRACE)
+def wide_any(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
+             v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
+    """:func:`wide_closest`'s traversal stopping at the first triangle it finds with 0 <= t < max_t (some hit, not
+    necessarily the closest; the same result layout, face −1 for none): for shadow and visibility rays."""
+    ...
+
+
+@wp.func_native("const bool ANY_HIT = false;\n" + _TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
 def wide_closest_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
                       v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int,
                       org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
