@@ -308,6 +308,7 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
         return closest_hit_given(geo, origin, direction, 0.0, t_max, time, w)
     b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
     if w[1] >= 0.0:
+        # (0.0 + t: the very sum closest_hit_given forms with t_min = 0, so a t of −0.0 comes out alike)
         b = _nearest(0.0 + w[0], wide_face(w[1]), w[2], w[3], _static_normal(geo, wide_face(w[1])))
     rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
     for j in range(listed.n):
