@@ -648,6 +648,21 @@ def test_lidar_from_prim_and_render_product(tmp_path):
     np.testing.assert_allclose(pc2["Coordinates"].numpy(), pc["Coordinates"].numpy())
 
 
+def test_smooth_normals_from_a_usd_prim_and_through_the_attributes(tmp_path):
+    """``wsim:smoothNormals`` on a lidar prim written to a .usda file and read back switches smooth normals on, and
+    LidarConfig.to_attributes / from_attributes carry it."""
+    from pxr import Sdf
+
+    st = _lidar_stage(tmp_path / "lidar.usda", **{"wsim:smoothNormals": (True, Sdf.ValueTypeNames.Bool)})
+    st.GetRootLayer().Save()
+    lid = Lidar(str(tmp_path / "lidar.usda"), prim_path="/World/Lidar")
+    assert lid.config.smooth_normals is True
+    assert Lidar(_lidar_stage(tmp_path / "plain.usda").GetPrimAtPath("/World/Lidar")).config.smooth_normals is False
+    attrs = lid.config.to_attributes()
+    assert attrs["wsim:smoothNormals"] is True
+    assert LidarConfig.from_attributes(attrs).smooth_normals is True
+
+
 @pytest.mark.parametrize(
     "attr, value, match",
     [
