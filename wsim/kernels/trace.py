@@ -348,9 +348,7 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
                 best_face = wide_face(w[1])
                 bu = w[2]
                 bv = w[3]
-                m = wp.mesh_get(geo.static_mesh)
-                a = m.points[m.indices[best_face * 3]]
-                bn = wp.cross(m.points[m.indices[best_face * 3 + 1]] - a, m.points[m.indices[best_face * 3 + 2]] - a)
+                bn = _static_normal(geo, best_face)
         else:
             q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
             if q.result:
@@ -378,9 +376,7 @@ def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min:
         best_face = wide_face(w[1])
         bu = w[2]
         bv = w[3]
-        m = wp.mesh_get(geo.static_mesh)
-        a = m.points[m.indices[best_face * 3]]
-        bn = wp.cross(m.points[m.indices[best_face * 3 + 1]] - a, m.points[m.indices[best_face * 3 + 2]] - a)
+        bn = _static_normal(geo, best_face)
     return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
 
 
