@@ -1,5 +1,5 @@
 """Packet traversal of the 8-wide BVH (:mod:`wsim.kernels.packet`): every ray of a packet gets exactly the result of
-tracing it alone with :func:`wsim.kernels.widebvh.wide_closest` (t, face, u, v bit for bit), on analytic scenes and
+tracing it alone with :func:`wsim.kernels.widebvh.wide_closest` (t, slot, u, v bit for bit), on analytic scenes and
 the built-in street block, for beam cones, wide lidar fans, grazing and axis-aligned rays, partial packets and
 per-ray ranges."""
 
@@ -57,7 +57,7 @@ def _compare(geo: SceneGeometry, org, dirs, t_lo, t_hi, n) -> tuple[np.ndarray, 
                                      wp.array(n.astype(np.int32), dtype=wp.int32, device=d), pk, sg], device=d)
     p, s = pk.numpy(), sg.numpy()
     miss_p = p[..., 1] < 0
-    p[miss_p] = (-1.0, -1.0, 0.0, 0.0)  # a miss row: only face −1 is defined
+    p[miss_p] = (-1.0, -1.0, 0.0, 0.0)  # a miss row: only slot −1 is defined
     assert np.array_equal(p.view(np.uint32), s.view(np.uint32)), \
         f"{int(np.any(p != s, axis=-1).sum())} of {int((s[..., 1] >= 0).sum())} rays differ"
     return p, s

@@ -42,7 +42,7 @@ VARIANTS = {
 }
 
 
-from wsim.kernels.widebvh import wide_closest, wide_face  # noqa: E402
+from wsim.kernels.widebvh import wide_closest, wide_slot  # noqa: E402
 
 
 @wp.kernel
@@ -53,7 +53,10 @@ def trace_wsim_wide(boxes: wp.array(dtype=float), child: wp.array(dtype=wp.int32
     i = wp.tid()
     r = wide_closest(boxes, child, v0, e1, e2, fid, o[i], d[i], max_t)
     t_out[i] = r[0]
-    f_out[i] = wide_face(r[1])
+    k = wide_slot(r[1])
+    f_out[i] = -1
+    if k >= 0:
+        f_out[i] = fid[k]
 
 
 def b_native8(pts, fac):

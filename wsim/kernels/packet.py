@@ -8,8 +8,8 @@ from them bound every ray's own (rounded) slab distances — a child that any ra
 leaf each ray, 8 rays per SIMD vector, gets the very box test, watertight triangle test and plane distance of
 :func:`wsim.kernels.widebvh.wide_closest`, lane by lane in the same float operations. With that traversal's
 order-independent rules (equal distances: smallest face index; a box culled only beyond ``CULL`` × the current hit)
-every ray's result (t, face, u, v) is bit-identical to tracing it alone with ``wide_closest`` (the face as its int32
-bits, :func:`wsim.kernels.widebvh.wide_face`). Callers: :func:`wsim.kernels.lidar.walk_beam` and
+every ray's result (t, slot, u, v) is bit-identical to tracing it alone with ``wide_closest`` (the triangle's slot as
+its int32 bits, :func:`wsim.kernels.widebvh.wide_slot`). Callers: :func:`wsim.kernels.lidar.walk_beam` and
 :func:`wsim.kernels.shading.render_rows_kernel`, then :func:`wsim.kernels.trace.closest_hit_given` /
 ``closest_hit_listed`` per ray for the instances and the hit record.
 
@@ -72,6 +72,7 @@ vf cFx[MAXC], cFy[MAXC], cFz[MAXC];       // 1/d widened (far slabs)
 vi cNx[MAXC], cNy[MAXC], cNz[MAXC];       // -1 where 1/d < 0: the near plane is the box's upper bound
 vf cTM[MAXC], cTF[MAXC];                  // current hit distance, its culling bound
 vi cHF[MAXC];                             // hit face (-1)
+vi cHK[MAXC];                             // its slot in the tree's triangle order
 vf cHU[MAXC], cHV[MAXC];
 vf cSx[MAXC], cSy[MAXC];                  // shear of the watertight test
 vf cOkx[MAXC], cOky[MAXC], cOkz[MAXC];    // the start point's (kx, ky, kz) components (uniform permutation)
@@ -108,6 +109,7 @@ for (int k = 0; k < N; ++k) {
     cTM[c][l] = span;
     cTF[c][l] = span * CULL;
     cHF[c][l] = -1;
+    cHK[c][l] = -1;
     cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
     cSx[c][l] = d[kx] / d[kz]; cSy[c][l] = d[ky] / d[kz];
     cOkx[c][l] = o[kx]; cOky[c][l] = o[ky]; cOkz[c][l] = o[kz];
@@ -139,7 +141,7 @@ for (int j = na; j < nc * 8; ++j) {
     cRx[c][l] = cRx[c][0]; cRy[c][l] = cRy[c][0]; cRz[c][l] = cRz[c][0];
     cFx[c][l] = cFx[c][0]; cFy[c][l] = cFy[c][0]; cFz[c][l] = cFz[c][0];
     cNx[c][l] = cNx[c][0]; cNy[c][l] = cNy[c][0]; cNz[c][l] = cNz[c][0];
-    cTM[c][l] = -1.0f; cTF[c][l] = -1.0f; cHF[c][l] = -1; cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
+    cTM[c][l] = -1.0f; cTF[c][l] = -1.0f; cHF[c][l] = -1; cHK[c][l] = -1; cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
     cSx[c][l] = cSx[c][0]; cSy[c][l] = cSy[c][0];
     cOkx[c][l] = cOkx[c][0]; cOky[c][l] = cOky[c][0]; cOkz[c][l] = cOkz[c][0];
     cK[c][l][0] = cK[c][0][0]; cK[c][l][1] = cK[c][0][1]; cK[c][l][2] = cK[c][0][2];
@@ -247,6 +249,7 @@ auto leaf = [&](int slot, int code) -> bool {
             cTM[c] = acc ? t : cTM[c];
             cTF[c] = cTM[c] * CULL;
             cHF[c] = acc ? f : cHF[c];
+            cHK[c] = acc ? (vi)k : cHK[c];
             cHU[c] = acc ? U * inv : cHU[c];
             cHV[c] = acc ? V * inv : cHV[c];
             hit = true;
@@ -327,10 +330,10 @@ for (int c = 0; c < nc; ++c) {
         if (k < 0 || cHF[c][l] < 0) continue;
         // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
         res.data[k][0] = cTM[c][l];
-        const int face = cHF[c][l];  // (a scalar first: a vector element is no operand for the bit cast)
-        float face_bits;
-        __builtin_memcpy(&face_bits, &face, sizeof(float));
-        res.data[k][1] = face_bits;  // the face's bits (wide_face)
+        const int tri = cHK[c][l];  // (a scalar first: a vector element is no operand for the bit cast)
+        float tri_bits;
+        __builtin_memcpy(&tri_bits, &tri, sizeof(float));
+        res.data[k][1] = tri_bits;  // the triangle's slot (wide_slot)
         res.data[k][2] = cHU[c][l];
         res.data[k][3] = cHV[c][l];
     }
@@ -347,6 +350,6 @@ def wide_packet(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[
     """Rays ``k < n`` from ``org`` [m] along ``dirs[k]``, each over its own range ``t_min[k] < t < t_max[k]``
     [m], through one 8-wide BVH. Row k of the result is exactly :func:`wsim.kernels.widebvh.wide_closest` of that
     ray alone, i.e. of ``org + dirs[k]·t_min[k]`` along ``dirs[k]`` with ``max_t = t_max[k] − t_min[k]``: (t from
-    that start point, face, u, v), face −1 for a miss. A ray with ``t_max[k] <= t_min[k]`` is inactive (a miss, at
+    that start point, slot, u, v), slot −1 for a miss. A ray with ``t_max[k] <= t_min[k]`` is inactive (a miss, at
     no cost); rows >= n are misses. CPU only: on CUDA every row is a miss."""
     ...

@@ -7,7 +7,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 import warp as wp
 
 from .pose import difference_window, sample_keys
-from .widebvh import wide_closest, wide_closest_from, wide_face
+from .widebvh import wide_closest, wide_closest_from, wide_slot
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -148,15 +148,14 @@ def _try_instance(geo: SceneGeo, idx: int, origin: wp.vec3, direction: wp.vec3, 
                               geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld,
                               b.t - t_min)
         if w[1] >= 0.0:
+            k = wide_slot(w[1])
             b.t = t_min + w[0]
-            b.face = wide_face(w[1])
+            b.face = geo.proto_wide_fid[k]
             b.inst = idx
             b.u = w[2]
             b.v = w[3]
-            m = wp.mesh_get(geo.inst_mesh[idx])
-            a = m.points[m.indices[b.face * 3]]
-            ln = wp.normalize(wp.cross(m.points[m.indices[b.face * 3 + 1]] - a,
-                                       m.points[m.indices[b.face * 3 + 2]] - a))
+            a = geo.proto_wide_v0[k]  # the face's vertices as the prototype mesh has them
+            ln = wp.normalize(wp.cross(geo.proto_wide_v1[k] - a, geo.proto_wide_v2[k] - a))
             b.n = wp.quat_rotate(xf.rot, wp.cw_div(ln, xf.scale))
     else:
         q = wp.mesh_query_ray(geo.inst_mesh[idx], lo, ld, b.t - t_min)
@@ -309,7 +308,8 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
     b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
     if w[1] >= 0.0:
         # (0.0 + t: the very sum closest_hit_given forms with t_min = 0, so a t of −0.0 comes out alike)
-        b = _nearest(0.0 + w[0], wide_face(w[1]), w[2], w[3], _static_normal(geo, wide_face(w[1])))
+        k = wide_slot(w[1])
+        b = _nearest(0.0 + w[0], geo.wide_fid[k], w[2], w[3], _static_normal(geo, k))
     rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
     for j in range(listed.n):
         idx = listed.idx[j]
@@ -319,11 +319,11 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
 
 
 @wp.func(inline=True)
-def _static_normal(geo: SceneGeo, face: int) -> wp.vec3:
-    """The static face's unnormalised normal, as the wide BVH path of :func:`closest_hit` computes it."""
-    m = wp.mesh_get(geo.static_mesh)
-    a = m.points[m.indices[face * 3]]
-    return wp.cross(m.points[m.indices[face * 3 + 1]] - a, m.points[m.indices[face * 3 + 2]] - a)
+def _static_normal(geo: SceneGeo, k: int) -> wp.vec3:
+    """The unnormalised normal of the static triangle in slot ``k`` of the wide BVH (its vertices exactly as the
+    mesh has them, at hand after the traversal), as every wide path of :func:`closest_hit` computes it."""
+    a = geo.wide_v0[k]
+    return wp.cross(geo.wide_e1[k] - a, geo.wide_e2[k] - a)
 
 
 @wp.func
@@ -344,11 +344,12 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
             w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                              start, direction, span)
             if w[1] >= 0.0:
+                k = wide_slot(w[1])
                 best_t = t_min + w[0]
-                best_face = wide_face(w[1])
+                best_face = geo.wide_fid[k]
                 bu = w[2]
                 bv = w[3]
-                bn = _static_normal(geo, best_face)
+                bn = _static_normal(geo, k)
         else:
             q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
             if q.result:
@@ -364,19 +365,20 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
 def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, t_max: float, time: float,
                       w: wp.vec4) -> Hit:
     """:func:`closest_hit` with the static wide BVH's answer already known: ``w`` = (t from ``origin +
-    direction·t_min`` [m], face, u, v) as :func:`wsim.kernels.widebvh.wide_closest` (or a packet traversal, which
-    gives the same bits) finds it over ``t_max − t_min``, face < 0 for none. Only for ``geo.use_wide != 0``."""
+    direction·t_min`` [m], slot, u, v) as :func:`wsim.kernels.widebvh.wide_closest` (or a packet traversal, which
+    gives the same bits) finds it over ``t_max − t_min``, slot < 0 for none. Only for ``geo.use_wide != 0``."""
     best_t = t_max
     best_face = int(-1)
     bu = float(0.0)
     bv = float(0.0)
     bn = wp.vec3(0.0, 0.0, 1.0)
     if w[1] >= 0.0:
+        k = wide_slot(w[1])
         best_t = t_min + w[0]
-        best_face = wide_face(w[1])
+        best_face = geo.wide_fid[k]
         bu = w[2]
         bv = w[3]
-        bn = _static_normal(geo, best_face)
+        bn = _static_normal(geo, k)
     return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
 
 

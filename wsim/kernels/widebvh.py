@@ -1,7 +1,8 @@
 """An 8-wide BVH traversal for the CPU (a native snippet: clang vector types test 8 child boxes at once).
 
 Warp's ``mesh_query_ray`` traverses a binary BVH with scalar box tests; on the CPU this snippet, over the same
-triangles collapsed into an 8-wide tree (built by :mod:`wsim.scene.widebvh`), traces about 3× faster. On CUDA the
+triangles collapsed into an 8-wide tree (built by :mod:`wsim.scene.widebvh`), traces about 3× faster. A leaf's triangles are tested 4 at a time (SIMD
+lanes); the result names the hit triangle by its slot in the tree's order, whose vertices are at hand there. On CUDA the
 snippet compiles to a stub and the tracer keeps ``mesh_query_ray``.
 
 Watertight: a ray through an edge or vertex shared by triangles hits at least one of them. Triangles are tested with
@@ -72,7 +73,10 @@ int kx = kz == 2 ? 0 : kz + 1;
 int ky = kx == 2 ? 0 : kx + 1;
 if (d[kz] < 0.0f) { int tmp = kx; kx = ky; ky = tmp; }
 const float Sx = d[kx] / d[kz], Sy = d[ky] / d[kz];
-int hitf = -1;
+int hitf = -1, hitk = -1;
+typedef float v4f __attribute__((ext_vector_type(4)));
+typedef int v4i __attribute__((ext_vector_type(4)));
+const v4f OKX = o[kx], OKY = o[ky], OKZ = o[kz], SX4 = Sx, SY4 = Sy, Z4 = 0.0f;
 float hu = 0.0f, hv = 0.0f;
 int st_n[128];
 float st_t[128];
@@ -115,6 +119,7 @@ while (true) {
             }
             int base = sp;
             st_n[sp] = cc[l0]; st_t[sp] = tl[l0]; ++sp;
+            if (cc[l0] >= 0) __builtin_prefetch(B + (size_t)cc[l0] * 48);  // popped later: fetch it meanwhile
             while (mask) {
                 int l = __builtin_ctz(mask);
                 mask &= mask - 1;
@@ -123,6 +128,7 @@ while (true) {
                 int j = sp;
                 while (j > base && st_t[j - 1] < t) { st_t[j] = st_t[j - 1]; st_n[j] = st_n[j - 1]; --j; }
                 st_t[j] = t; st_n[j] = c; ++sp;
+                if (c >= 0) __builtin_prefetch(B + (size_t)c * 48);
             }
             ref = st_n[--sp];
             continue;
@@ -131,40 +137,59 @@ while (true) {
         int code = -ref - 1;
         int k0 = code >> 3;
         int k1 = k0 + (code & 7) + 1;
-        for (int k = k0; k < k1; ++k) {
-            // Woop, Benthin & Wald 2013: the vertices relative to the ray origin, sheared so that the ray is +z, and
-            // the edge functions; no FMA contraction here, so a vertex gets the same coordinates in every triangle
-            // that has it and an edge shared by two triangles (traversed in opposite directions) gets exactly opposite
-            // values in both: a ray through it cannot miss both
-            const vec3 pa = V0[k], pb = V1[k], pc = V2[k];
-            float U, V, W;
+        // the leaf's triangles 4 at a time: Woop, Benthin & Wald 2013's test with the vertices relative to the ray
+        // origin, sheared so that the ray is +z, and the edge functions, lane by lane; no FMA contraction here, so a
+        // vertex gets the same coordinates in every triangle that has it and an edge shared by two triangles
+        // (traversed in opposite directions) gets exactly opposite values in both: a ray through it cannot miss both
+        for (int g = k0; g < k1; g += 4) {
+            const int cnt = k1 - g < 4 ? k1 - g : 4;
+            v4f ax, ay, az, bx, by, bz, cx, cy, cz;
+            for (int j = 0; j < 4; ++j) {
+                const int k = g + (j < cnt ? j : 0);
+                const float* a = (const float*)&V0[k];
+                const float* b = (const float*)&V1[k];
+                const float* c = (const float*)&V2[k];
+                ax[j] = a[kx]; ay[j] = a[ky]; az[j] = a[kz];
+                bx[j] = b[kx]; by[j] = b[ky]; bz[j] = b[kz];
+                cx[j] = c[kx]; cy[j] = c[ky]; cz[j] = c[kz];
+            }
+            v4f U, V, W, det;
             {
 #pragma clang fp contract(off)
-                const float az = pa[kz] - o[kz], bz = pb[kz] - o[kz], cz = pc[kz] - o[kz];
-                const float Ax = (pa[kx] - o[kx]) - Sx * az, Ay = (pa[ky] - o[ky]) - Sy * az;
-                const float Bx = (pb[kx] - o[kx]) - Sx * bz, By = (pb[ky] - o[ky]) - Sy * bz;
-                const float Cx = (pc[kx] - o[kx]) - Sx * cz, Cy = (pc[ky] - o[ky]) - Sy * cz;
+                const v4f Az = az - OKZ, Bz = bz - OKZ, Cz = cz - OKZ;
+                const v4f Ax = (ax - OKX) - SX4 * Az, Ay = (ay - OKY) - SY4 * Az;
+                const v4f Bx = (bx - OKX) - SX4 * Bz, By = (by - OKY) - SY4 * Bz;
+                const v4f Cx = (cx - OKX) - SX4 * Cz, Cy = (cy - OKY) - SY4 * Cz;
                 U = Cx * By - Cy * Bx;
                 V = Ax * Cy - Ay * Cx;
                 W = Bx * Ay - By * Ax;
+                det = U + V + W;
             }
-            if ((U < 0.0f || V < 0.0f || W < 0.0f) && (U > 0.0f || V > 0.0f || W > 0.0f)) continue;
-            const float det = U + V + W;
-            if (det == 0.0f) continue;
-            // the ray passes through the triangle: its distance from the plane through the exact vertices (Woop's
-            // T/det loses digits for large triangles seen at grazing angles); spelt out without FMA, as the packet
-            // traversal evaluates it lane by lane
-            const vec3 n = cross(pb - pa, pc - pa);
-            const float t = dot(n, pa - o) / dot(n, d);
-            // equal distances: the smaller face index wins (hitf = -1 until the first hit, so t < max_t then)
-            if (!(t >= 0.0f && (t < tmax || (t == tmax && F[k] < hitf)))) continue;
-            const float inv = 1.0f / det;
-            tmax = t;
-            TFAR = tmax * CULL;
-            hitf = F[k];
-            hu = U * inv;
-            hv = V * inv;
-            if (ANY_HIT) return wp::vec4(tmax, __builtin_bit_cast(float, hitf), hu, hv);
+            const v4i in = ~(((U < Z4) | (V < Z4) | (W < Z4)) & ((U > Z4) | (V > Z4) | (W > Z4))) & (det != Z4);
+            unsigned pass = 0;
+            for (int j = 0; j < 4; ++j) pass |= (unsigned)(in[j] & 1) << j;
+            pass &= (1u << cnt) - 1u;
+            // the ray passes through these triangles (in index order): the distance from the plane through the exact
+            // vertices (Woop's T/det loses digits for large triangles seen at grazing angles); spelt out without FMA,
+            // as the packet traversal evaluates it lane by lane
+            while (pass) {
+                const int j = __builtin_ctz(pass);
+                pass &= pass - 1;
+                const int k = g + j;
+                const vec3 pa = V0[k], pb = V1[k], pc = V2[k];
+                const vec3 n = cross(pb - pa, pc - pa);
+                const float t = dot(n, pa - o) / dot(n, d);
+                // equal distances: the smaller face index wins (hitf = -1 until the first hit, so t < max_t then)
+                if (!(t >= 0.0f && (t < tmax || (t == tmax && F[k] < hitf)))) continue;
+                const float inv = 1.0f / det[j];
+                tmax = t;
+                TFAR = tmax * CULL;
+                hitf = F[k];
+                hitk = k;
+                hu = U[j] * inv;
+                hv = V[j] * inv;
+                if (ANY_HIT) return wp::vec4(tmax, __builtin_bit_cast(float, hitk), hu, hv);
+            }
         }
     }
     while (sp > 0) {
@@ -175,7 +200,7 @@ while (true) {
 }
 if (hitf < 0) return wp::vec4(-1.0f, -1.0f, 0.0f, 0.0f);
 // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
-return wp::vec4(tmax, __builtin_bit_cast(float, hitf), hu, hv);  // the face's bits: see wide_face
+return wp::vec4(tmax, __builtin_bit_cast(float, hitk), hu, hv);  // the triangle's slot: see wide_slot
 #endif
 """
 
@@ -184,8 +209,9 @@ return wp::vec4(tmax, __builtin_bit_cast(float, hitf), hu, hv);  // the face's b
 def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
                  v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3,
                  max_t: float) -> wp.vec4:
-    """Closest triangle along ``org + t·dir`` with 0 <= t < max_t: (t, face, u, v), face −1 for a miss; u, v are
-    the weights of the face's first and second vertices (Warp's convention: p = u·p0 + v·p1 + (1 − u − v)·p2)."""
+    """Closest triangle along ``org + t·dir`` with 0 <= t < max_t: (t, slot, u, v), slot −1 for a miss (the
+    triangle's slot in the tree's order as :func:`wide_slot` decodes it; its face is ``fid[slot]``); u, v are the
+    weights of the face's first and second vertices (Warp's convention: p = u·p0 + v·p1 + (1 − u − v)·p2)."""
     ...
 
 
@@ -194,7 +220,7 @@ def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array
 def wide_any(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
              v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
     """:func:`wide_closest`'s traversal stopping at the first triangle it finds with 0 <= t < max_t (some hit, not
-    necessarily the closest; the same result layout, face −1 for none): for shadow and visibility rays."""
+    necessarily the closest; the same result layout, slot −1 for none): for shadow and visibility rays."""
     ...
 
 
@@ -203,8 +229,8 @@ def wide_closest_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.
                       v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int,
                       org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
     """:func:`wide_closest` from wide node ``root`` of a pool of several trees (the instance prototypes': child
-    references and leaf ranges absolute in the pool, faces local to the tree's mesh). ``dir`` need not be unit
-    length (an instance's ray in its prototype's frame): t is in units of ``dir``."""
+    references, leaf ranges and slots absolute in the pool, faces local to the tree's mesh). ``dir`` need not be
+    unit length (an instance's ray in its prototype's frame): t is in units of ``dir``."""
     ...
 
 @wp.func_native("""
@@ -447,8 +473,9 @@ def wide_triangles_kernel(id: wp.uint64, points: wp.array[wp.vec3], indices: wp.
 @wp.func_native("""
 return __builtin_bit_cast(int, x);
 """)
-def wide_face(x: float) -> int:
-    """The face index that :func:`wide_closest` (and the packet traversal) return in the second entry of their
-    result: its int32 bits, exact at any mesh size (−1.0 for a miss decodes to a negative number; a hit's entry is a
-    non-negative float, so ``w[1] >= 0.0`` tells hits too)."""
+def wide_slot(x: float) -> int:
+    """The hit triangle's slot in the tree's triangle order, as :func:`wide_closest` (and the packet traversal)
+    return it in the second entry of their result: its int32 bits, exact at any mesh size (−1.0 for a miss decodes to
+    a negative number; a hit's entry is a non-negative float, so ``w[1] >= 0.0`` tells hits too). The face is
+    ``fid[slot]``; ``v0/v1/v2[slot]`` are its vertices."""
     ...
