@@ -7,6 +7,7 @@ import pytest
 import warp as wp
 from conftest import box_mesh, quad_mesh
 
+from wsim.kernels.shading import occluded
 from wsim.kernels.trace import SceneGeo, closest_hit
 from wsim.launch import launch
 from wsim.scene import Instance, Material, MeshData, Part, Scene
@@ -335,6 +336,40 @@ def test_wide_bvh_instances_match_mesh_query_ray():
     # a view with other keys shares the pool
     view = wide.with_instances(scene, scene.instances)
     assert view.geo.proto_wide_boxes is wide.geo.proto_wide_boxes
+
+
+@wp.kernel
+def _occluded_kernel(geo: SceneGeo, o: wp.array[wp.vec3], d: wp.array[wp.vec3], t_max: wp.array[float],
+                     times: wp.array[float], out: wp.array[wp.int32]):
+    i = wp.tid()
+    out[i] = wp.where(occluded(geo, o[i], d[i], t_max[i], times[i]), 1, 0)
+
+
+def test_shadow_rays_through_instances_match_their_closest_hits():
+    """Shadow (any-hit) rays against instanced prototypes (still and moving, rotated, scaled): through the
+    prototypes' 8-wide BVHs (CPU) and through mesh_query_ray_anyhit, a ray is occluded exactly when its closest hit
+    lies before t_max (rays ending 1 mm short of or beyond a hit)."""
+    scene = _instanced_scene()
+    n = 40000
+    rng = np.random.default_rng(12)
+    o = rng.uniform(-30, 30, (n, 3))
+    targets = np.concatenate([i.translations for i in scene.instances])
+    d = targets[rng.integers(0, len(targets), n)] + rng.normal(0, 1.5, (n, 3)) - o
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    times = rng.uniform(-0.1, 1.1, n)
+    for wide in (True, False):
+        geo = SceneGeometry(scene, "cpu", wide=wide)
+        h = geo.trace(o, d, times).numpy()
+        hit = h["face"] >= 0
+        assert hit.mean() > 0.08
+        t_max = np.where(hit, np.where(rng.random(n) < 0.5, h["t"] - 1e-3, h["t"] + 1e-3), 1e4)
+        arr = lambda x, dt=wp.vec3: wp.array(np.ascontiguousarray(x, np.float32), dtype=dt, device="cpu")  # noqa: E731
+        out = wp.zeros(n, dtype=wp.int32, device="cpu")
+        wp.launch(_occluded_kernel, n, [geo.geo, arr(o), arr(d), arr(t_max, float), arr(times, float), out],
+                  device="cpu")
+        occ = out.numpy() == 1
+        expect = hit & (t_max > h["t"])
+        assert np.array_equal(occ, expect), (wide, int((occ != expect).sum()))
 
 
 def test_refit_static_updates_the_wide_bvh():

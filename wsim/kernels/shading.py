@@ -18,7 +18,7 @@ from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, wide_packet
 from .trace import Hit, SceneGeo, closest_hit, closest_hit_given, hit_distance, miss
-from .widebvh import wide_any
+from .widebvh import wide_any, wide_any_from
 
 
 @wp.struct
@@ -88,7 +88,12 @@ def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, t
                 inv = wp.quat_inverse(xf.rot)
                 lo = wp.cw_div(wp.quat_rotate(inv, origin - xf.pos), xf.scale)
                 ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
-                if wp.mesh_query_ray_anyhit(geo.inst_mesh[idx], lo, ld, t_max):
+                root = geo.inst_wide_root[idx]
+                if root >= 0:  # the prototype's 8-wide BVH (CPU)
+                    hit = wide_any_from(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0,
+                                        geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld,
+                                        t_max)[1] >= 0.0
+                elif wp.mesh_query_ray_anyhit(geo.inst_mesh[idx], lo, ld, t_max):
                     hit = True
     return hit
 

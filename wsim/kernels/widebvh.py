@@ -233,6 +233,15 @@ def wide_closest_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.
     unit length (an instance's ray in its prototype's frame): t is in units of ``dir``."""
     ...
 
+@wp.func_native("const bool ANY_HIT = true;\n" + _TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
+def wide_any_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
+                  v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int, org: wp.vec3, dir: wp.vec3,
+                  max_t: float) -> wp.vec4:
+    """:func:`wide_any` from wide node ``root`` of a pool of trees (as :func:`wide_closest_from`): for shadow rays
+    against an instance's prototype."""
+    ...
+
+
 @wp.func_native("""
 #if !defined(__CUDA_ARCH__)
 using namespace wp;
