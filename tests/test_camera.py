@@ -245,16 +245,29 @@ def test_camera_keeps_the_time_window_of_renders_in_flight(device):
     np.testing.assert_array_equal(during, alone)
 
 
-@pytest.mark.parametrize("shutter", ["ROLLING_TOP_TO_BOTTOM", "GLOBAL", "ROLLING_LEFT_TO_RIGHT"])
-def test_row_packets_equal_pixel_by_pixel(shutter, monkeypatch):
-    """On the CPU, runs of a row's pixels exposed at the same instant are traced as one packet: every product is
-    bit-identical to rendering pixel by pixel (the built-in street block: its textures, moving cars and shadows; a
-    width that is no multiple of the run length; a left-to-right shutter, whose pixels each have their own instant,
-    takes the pixel-by-pixel path inside the same kernel)."""
+@pytest.mark.parametrize("shutter,cars", [("ROLLING_TOP_TO_BOTTOM", 0), ("GLOBAL", 0), ("ROLLING_LEFT_TO_RIGHT", 0),
+                                          ("ROLLING_TOP_TO_BOTTOM", 40)])
+def test_row_packets_equal_pixel_by_pixel(shutter, cars, monkeypatch):
+    """On the CPU, runs of a row's pixels exposed at the same instant are traced as one packet, and the instances
+    their cone may meet are listed once per run: every product is bit-identical to rendering pixel by pixel (the
+    built-in street block: its textures, moving cars and shadows; a width that is no multiple of the run length; a
+    left-to-right shutter, whose pixels each have their own instant, takes the pixel-by-pixel path inside the same
+    kernel; 40 more parked cars, more than a run lists, take the top-level BVH per pixel)."""
+    import dataclasses
+
     import wsim
     import wsim.sensors.camera_render as camera_render
+    from wsim.kernels.trace import MAX_LISTED
 
     scene = wsim.load_scene("builtin")
+    for k in range(cars):
+        src = scene.instances[k % len(scene.instances)]
+        shift = np.array([6.0 + 4.5 * (k // 2), 3.5 if k % 2 else -3.5, 0.0])
+        scene.instances.append(dataclasses.replace(src, times=src.times[:1], translations=src.translations[:1] + shift,
+                                                   rotations=src.rotations[:1],
+                                                   scales=None if src.scales is None else src.scales[:1],
+                                                   object_id=10_000 + k))
+    assert (len(scene.instances) > MAX_LISTED) == (cars > 0)
     cam = Camera.from_scene(scene, "camera_front_wide_120fov", width=200, height=75, device="cpu")
     cam.shutter = ShutterType[shutter]
     prods = (P.COLOR, P.DISTANCE, P.SEMANTICS, P.NORMALS)

@@ -17,7 +17,7 @@ from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, wide_packet
-from .trace import Hit, SceneGeo, closest_hit, closest_hit_given, hit_distance, miss
+from .trace import Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, hit_distance, miss
 from .widebvh import wide_any, wide_any_from
 
 
@@ -300,6 +300,8 @@ def render_rows_kernel(
     hi = vec64f()
     origin = wp.vec3()
     rot = wp.quat()
+    listed = Listed()
+    listed.n = -1  # the instances through the top-level BVH, unless listed below
     if same != 0:
         pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
         origin = wp.transform_get_translation(pose)
@@ -314,6 +316,19 @@ def render_rows_kernel(
                 hi[j] = t_max
         first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                             origin, dirs, lo, hi, n)
+        if geo.num_instances > 0:  # the instances the run's rays may meet, listed once (a cone around their mean)
+            axis = wp.vec3(0.0)
+            for j in range(n):
+                if hi[j] > 0.0:
+                    axis += wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])
+            if wp.length(axis) > 0.0:
+                axis = wp.normalize(axis)
+                cmin = float(1.0)
+                for j in range(n):
+                    if hi[j] > 0.0:
+                        cmin = wp.min(cmin, wp.dot(axis, wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])))
+                if cmin > 0.5:  # a cone of at most 60 degrees
+                    listed = cone_instances(geo, origin, axis, wp.sqrt(1.0 - cmin * cmin) / cmin)
     for j in range(n):
         col = c0 + j
         centre = wp.vec2(float(col) + 0.5, y)
@@ -332,8 +347,8 @@ def render_rows_kernel(
             d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
             hit = miss()
             if same != 0:
-                hit = closest_hit_given(geo, origin, d, 0.0, t_max, time,
-                                        wp.vec4(first[j, 0], first[j, 1], first[j, 2], first[j, 3]))
+                hit = closest_hit_listed(geo, origin, d, t_max, time,
+                                         wp.vec4(first[j, 0], first[j, 1], first[j, 2], first[j, 3]), listed)
             else:
                 hit = closest_hit(geo, origin, d, 0.0, t_max, time)
             if want_raw != 0 and hit.face >= 0:
