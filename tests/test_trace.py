@@ -8,7 +8,7 @@ import warp as wp
 from conftest import box_mesh, quad_mesh
 
 from wsim.kernels.shading import occluded
-from wsim.kernels.trace import SceneGeo, closest_hit
+from wsim.kernels.trace import SceneGeo, closest_hit, hit_distance
 from wsim.launch import launch
 from wsim.scene import Instance, Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
@@ -370,6 +370,42 @@ def test_shadow_rays_through_instances_match_their_closest_hits():
         occ = out.numpy() == 1
         expect = hit & (t_max > h["t"])
         assert np.array_equal(occ, expect), (wide, int((occ != expect).sum()))
+
+
+@wp.kernel
+def _t_vs_plane_distance_kernel(geo: SceneGeo, o: wp.array[wp.vec3], d: wp.array[wp.vec3], t: wp.array[float],
+                                plane: wp.array[float], inst: wp.array[wp.int32]):
+    i = wp.tid()
+    h = closest_hit(geo, o[i], d[i], 0.0, 1.0e4, 0.0)
+    t[i] = h.t
+    inst[i] = wp.where(h.face >= 0, h.instance, -2)
+    plane[i] = 0.0
+    if h.face >= 0:
+        plane[i] = hit_distance(geo, h, o[i], d[i])
+
+
+def test_wide_bvh_first_hit_distance_is_the_plane_distance_from_the_vertices():
+    """A first hit on the static mesh through the 8-wide BVH carries, bit for bit, the distance ``hit_distance``
+    recomputes from the face's vertices (the lidar's IDEALIZED range takes it instead of recomputing): the built-in
+    street block, rays in every direction from 1.7 m above its ground."""
+    from wsim.scene.builtin import load_builtin_scene
+
+    scene = load_builtin_scene()
+    geo = SceneGeometry(scene, "cpu")
+    assert geo.geo.use_wide == 1
+    n = 200_000
+    rng = np.random.default_rng(21)
+    lo, hi = scene.static.points.min(0), scene.static.points.max(0)
+    o = rng.uniform(lo, hi, (n, 3)) * [1.0, 1.0, 0.0] + [0.0, 0.0, 1.7]
+    o[: n // 2] += rng.normal(0, 0.01, (n // 2, 3))
+    d = _sphere_dirs(n, seed=22)
+    arr = lambda x: wp.array(np.ascontiguousarray(x, np.float32), dtype=wp.vec3, device="cpu")  # noqa: E731
+    t, plane = wp.zeros(n, dtype=float, device="cpu"), wp.zeros(n, dtype=float, device="cpu")
+    inst = wp.zeros(n, dtype=wp.int32, device="cpu")
+    wp.launch(_t_vs_plane_distance_kernel, n, [geo.geo, arr(o), arr(d), t, plane, inst], device="cpu")
+    static = inst.numpy() == -1
+    assert static.mean() > 0.5
+    assert np.array_equal(t.numpy()[static].view(np.uint32), plane.numpy()[static].view(np.uint32))
 
 
 def test_refit_static_updates_the_wide_bvh():

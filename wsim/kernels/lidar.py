@@ -656,7 +656,12 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     frame."""
     rng = ech.r[r]
     if p.ray_type == RAY_IDEALIZED:
-        rng = hit_distance(geo, h, ray.origin, ray.dir)  # from the face's vertices, as the differentiable pass does
+        # from the face's vertices, as the differentiable pass does; the first echo on the static mesh already has it:
+        # the 8-wide traversal's plane distance from the ray's origin is this very expression (the same bits)
+        if r > 0 or h.instance >= 0 or geo.use_wide == 0:
+            rng = hit_distance(geo, h, ray.origin, ray.dir)
+        else:
+            rng = h.t
     ret = Return()
     ret.hit = h
     ret.subray = k
