@@ -183,17 +183,27 @@ def _nearest(static_t: float, static_face: int, su: float, sv: float, sn: wp.vec
 
 
 @wp.func(inline=True)
-def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, time: float, static_t: float,
-                    static_face: int, su: float, sv: float, sn: wp.vec3) -> Hit:
-    """The closest of the static surface found (``static_face`` < 0: none, ``static_t`` then the range's end) and
-    the instances' surfaces nearer than it (through the top-level BVH), as a Hit."""
-    b = _nearest(static_t, static_face, su, sv, sn)
+def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, time: float,
+                    b: Nearest) -> Hit:
+    """The closest of the static surface found ``b`` (``b.face`` < 0: none, ``b.t`` then the range's end) and the
+    instances' surfaces nearer than it (through the top-level BVH), as a Hit."""
     if geo.num_instances > 0:
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
         while wp.bvh_query_next(bq, idx, b.t):
             b = _try_instance(geo, idx, origin, direction, t_min, time, b)
     return _hit_of(geo, origin, direction, time, b)
+
+
+@wp.func(inline=True)
+def _wide_nearest(geo: SceneGeo, t_min: float, t_max: float, w: wp.vec4) -> Nearest:
+    """The static surface the wide BVH found, ``w`` = (t from ``origin + direction·t_min`` [m], slot, u, v) as
+    :func:`wsim.kernels.widebvh.wide_closest` gives it (slot < 0: none, the range's end ``t_max`` then)."""
+    b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
+    if w[1] >= 0.0:
+        k = wide_slot(w[1])
+        b = _nearest(t_min + w[0], geo.wide_fid[k], w[2], w[3], _static_normal(geo, k))
+    return b
 
 
 @wp.func(inline=True)
@@ -305,11 +315,7 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
     for a cone that holds ``direction`` (``listed.n`` = −1: through the top-level BVH)."""
     if listed.n < 0:
         return closest_hit_given(geo, origin, direction, 0.0, t_max, time, w)
-    b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
-    if w[1] >= 0.0:
-        # (0.0 + t: the very sum closest_hit_given forms with t_min = 0, so a t of −0.0 comes out alike)
-        k = wide_slot(w[1])
-        b = _nearest(0.0 + w[0], geo.wide_fid[k], w[2], w[3], _static_normal(geo, k))
+    b = _wide_nearest(geo, 0.0, t_max, w)
     rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
     for j in range(listed.n):
         idx = listed.idx[j]
@@ -332,33 +338,19 @@ def closest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float
 
     ``direction`` must be unit length (then t is in metres).
     """
-    best_t = t_max
-    best_face = int(-1)
-    bu = float(0.0)
-    bv = float(0.0)
-    bn = wp.vec3(0.0, 0.0, 1.0)
+    b = _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
     start = origin + direction * t_min
     span = t_max - t_min
     if geo.static_mesh != wp.uint64(0):
         if geo.use_wide != 0:
-            w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                             start, direction, span)
-            if w[1] >= 0.0:
-                k = wide_slot(w[1])
-                best_t = t_min + w[0]
-                best_face = geo.wide_fid[k]
-                bu = w[2]
-                bv = w[3]
-                bn = _static_normal(geo, k)
+            b = _wide_nearest(geo, t_min, t_max, wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0,
+                                                              geo.wide_e1, geo.wide_e2, geo.wide_fid, start,
+                                                              direction, span))
         else:
             q = wp.mesh_query_ray(geo.static_mesh, start, direction, span)
             if q.result:
-                best_t = t_min + q.t
-                best_face = q.face
-                bu = q.u
-                bv = q.v
-                bn = q.normal
-    return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
+                b = _nearest(t_min + q.t, q.face, q.u, q.v, q.normal)
+    return _with_instances(geo, origin, direction, t_min, time, b)
 
 
 @wp.func(inline=True)
@@ -367,19 +359,7 @@ def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min:
     """:func:`closest_hit` with the static wide BVH's answer already known: ``w`` = (t from ``origin +
     direction·t_min`` [m], slot, u, v) as :func:`wsim.kernels.widebvh.wide_closest` (or a packet traversal, which
     gives the same bits) finds it over ``t_max − t_min``, slot < 0 for none. Only for ``geo.use_wide != 0``."""
-    best_t = t_max
-    best_face = int(-1)
-    bu = float(0.0)
-    bv = float(0.0)
-    bn = wp.vec3(0.0, 0.0, 1.0)
-    if w[1] >= 0.0:
-        k = wide_slot(w[1])
-        best_t = t_min + w[0]
-        best_face = geo.wide_fid[k]
-        bu = w[2]
-        bv = w[3]
-        bn = _static_normal(geo, k)
-    return _with_instances(geo, origin, direction, t_min, time, best_t, best_face, bu, bv, bn)
+    return _with_instances(geo, origin, direction, t_min, time, _wide_nearest(geo, t_min, t_max, w))
 
 
 @wp.func
