@@ -287,6 +287,46 @@ def test_row_packets_equal_pixel_by_pixel(shutter, cars, monkeypatch):
     np.testing.assert_array_equal(color_only, one[P.COLOR])  # one trace serves both: the colour is the same alone
 
 
+@pytest.mark.parametrize("moving", [False, True])
+def test_row_packet_shadows_of_instances_equal_pixel_by_pixel(moving, monkeypatch):
+    """The shadow rays of a row run meet the instances through one list per run: a car above the ground (still, or
+    driving under a rolling shutter) casts the same shadow, bit for bit, as pixel by pixel through the top-level BVH,
+    and the shadowed ground is darker than the sunlit ground."""
+    import wsim.sensors.camera_render as camera_render
+    from wsim.sensors.camera import SunSky
+
+    ground = quad_mesh([-10, -20, 0], [60, 0, 0], [0, 40, 0])
+    scene = _scene_with_parts([ground], ["road"])
+    bp, bf = box_mesh([-1.0, -2.0, -0.5], [1.0, 2.0, 0.5])
+    scene.parts.append(Part("car_body", material=1, semantic_class=scene.semantic_class_index("car")))
+    scene.prototypes.append(MeshData(bp, bf, len(scene.parts) - 1, name="car"))
+    ident = [0, 0, 0, 1.0]
+    for k in range(6):
+        start = [8.0 + 3.5 * k, -6.0 + 2.5 * k, 2.5]
+        keys = [[start[0], start[1], 2.5], [start[0] + (4.0 if moving else 0.0), start[1], 2.5]]
+        scene.instances.append(Instance(0, [0.0, 1.0], keys, [ident, ident], object_id=10 + k))
+    cam = Camera(_plain_pinhole(150, 90, 60.0), device="cpu")
+    if moving:
+        cam.shutter = ShutterType.ROLLING_TOP_TO_BOTTOM
+    down = matrix_to_quat(np.array([[0.0, -1.0, 0.0], [-0.6, 0.0, -0.8], [0.8, 0.0, -0.6]]).T)
+    pose = _pose([0.0, 0.0, 9.0], down)
+    light = SunSky(sun_elevation_deg=70.0, sun_azimuth_deg=160.0)
+
+    def render(packets: bool) -> np.ndarray:
+        monkeypatch.setattr(camera_render, "ROW_PACKETS", packets)
+        return cam.render(scene, 0.2, 0.5, (P.COLOR, P.SEMANTICS), pose, lighting=light).numpy()
+
+    one, rows = render(False), render(True)
+    np.testing.assert_array_equal(rows["color"], one["color"])
+    monkeypatch.setattr(camera_render, "ROW_PACKETS", False)
+    lit = cam.render(scene, 0.2, 0.5, (P.COLOR,), pose, lighting=SunSky(sun_elevation_deg=70.0, sun_azimuth_deg=160.0,
+                                                                        shadows=False)).numpy()["color"]
+    road = one["semantics"] == scene.semantic_class_index("road")
+    darker = road & (one["color"].astype(int).sum(-1) < lit.astype(int).sum(-1))
+    assert road.mean() > 0.3 and (one["semantics"] == scene.semantic_class_index("car")).sum() > 50
+    assert darker.sum() > 100  # the cars' shadows fall on the visible road
+
+
 def test_semantics_of_two_objects(device):
     car = box_mesh([9.0, 1.0, -1.0], [11.0, 3.0, 1.0])  # world y > 0: left half of the image
     ped = box_mesh([9.5, -2.5, -1.0], [10.5, -1.5, 1.0])  # right half

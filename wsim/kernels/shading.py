@@ -17,7 +17,8 @@ from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, wide_packet
-from .trace import Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, hit_distance, miss
+from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, hit_distance,
+                    miss, ray_box_entry)
 from .widebvh import wide_any, wide_any_from
 
 
@@ -47,6 +48,10 @@ class ShadeTables:
     proto_uv: wp.array[wp.vec2]
 
 
+#: Length of a shadow ray toward the sun [m].
+SHADOW_REACH = wp.constant(1.0e4)
+
+
 @wp.struct
 class Lighting:
     """Sun and sky.
@@ -71,31 +76,69 @@ class Lighting:
 @wp.func
 def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, time: float) -> bool:
     """Whether anything lies on ``origin + t·direction``, 0 < t < t_max [m], with the scene at ``time`` [s]."""
-    hit = False
+    hit = occluded_static(geo, origin, direction, t_max)
+    if not hit and geo.num_instances > 0:
+        bq = wp.bvh_query_ray(geo.tlas, origin, direction)
+        idx = int(0)
+        while wp.bvh_query_next(bq, idx, t_max):
+            if not hit:
+                hit = instance_occludes(geo, idx, origin, direction, t_max, time)
+    return hit
+
+
+@wp.func(inline=True)
+def occluded_static(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float) -> bool:
+    """:func:`occluded` by the static mesh alone."""
+    hit = bool(False)
     if geo.static_mesh != wp.uint64(0):
         if geo.use_wide != 0:  # the 8-wide BVH's any-hit query (about 3x the scalar tree's on the CPU)
             hit = wide_any(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                            origin, direction, t_max)[1] >= 0.0
         else:
             hit = wp.mesh_query_ray_anyhit(geo.static_mesh, origin, direction, t_max)
-    if not hit and geo.num_instances > 0:
-        bq = wp.bvh_query_ray(geo.tlas, origin, direction)
-        idx = int(0)
-        while wp.bvh_query_next(bq, idx, t_max):
-            if not hit:
-                xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
-                                 geo.inst_key_count[idx], time)
-                inv = wp.quat_inverse(xf.rot)
-                lo = wp.cw_div(wp.quat_rotate(inv, origin - xf.pos), xf.scale)
-                ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
-                root = geo.inst_wide_root[idx]
-                if root >= 0:  # the prototype's 8-wide BVH (CPU)
-                    hit = wide_any_from(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0,
-                                        geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld,
-                                        t_max)[1] >= 0.0
-                elif wp.mesh_query_ray_anyhit(geo.inst_mesh[idx], lo, ld, t_max):
-                    hit = True
     return hit
+
+
+@wp.func(inline=True)
+def instance_occludes(geo: SceneGeo, idx: int, origin: wp.vec3, direction: wp.vec3, t_max: float,
+                      time: float) -> bool:
+    """Whether instance ``idx`` (placed at ``time`` [s]) lies on ``origin + t·direction``, 0 < t < t_max [m]."""
+    xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
+                     geo.inst_key_count[idx], time)
+    inv = wp.quat_inverse(xf.rot)
+    lo = wp.cw_div(wp.quat_rotate(inv, origin - xf.pos), xf.scale)
+    ld = wp.cw_div(wp.quat_rotate(inv, direction), xf.scale)
+    root = geo.inst_wide_root[idx]
+    hit = bool(False)
+    if root >= 0:  # the prototype's 8-wide BVH (CPU)
+        hit = wide_any_from(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0, geo.proto_wide_v1,
+                            geo.proto_wide_v2, geo.proto_wide_fid, root, lo, ld, t_max)[1] >= 0.0
+    else:
+        hit = wp.mesh_query_ray_anyhit(geo.inst_mesh[idx], lo, ld, t_max)
+    return hit
+
+
+@wp.func(inline=True)
+def parallel_instances(geo: SceneGeo, lo: wp.vec3, hi: wp.vec3, direction: wp.vec3, t_max: float) -> Listed:
+    """The instances (in index order) whose top-level box a ray along ``direction`` from any point of the box
+    [``lo``, ``hi``] may enter before ``t_max`` [m] (parallel shadow rays from a camera run's surfaces): conservatively,
+    the ray from the box's centre against each instance box grown by the origins' half-extent (plus a margin)."""
+    out = Listed()
+    out.n = 0
+    if geo.num_instances > MAX_LISTED:
+        out.n = -1
+        return out
+    c = (lo + hi) * 0.5
+    ext = (hi - lo) * 0.5
+    big = wp.max(wp.max(wp.abs(c[0]), wp.abs(c[1])), wp.abs(c[2]))
+    m = ext + wp.vec3(1.0e-4 * (1.0 + big + wp.length(ext)))
+    rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
+    reach = t_max * 1.001 + 2.0 * wp.length(m) + 1.0e-3
+    for i in range(geo.num_instances):
+        if ray_box_entry(c, rcp, geo.inst_lo[i] - m, geo.inst_hi[i] + m, reach) != 0:
+            out.idx[out.n] = i
+            out.n += 1
+    return out
 
 
 @wp.func
@@ -163,26 +206,53 @@ def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.ve
     return shade_hit(geo, tables, light, d, closest_hit(geo, origin, d, 0.0, t_max, time), time)
 
 
+@wp.struct
+class ShadeTerms:
+    """The shading of a surface hit before its shadow ray: albedo, n·l toward the sun (lit = 1 where > 0), ambient
+    term, and the shadow ray's origin (just off the surface, on the camera's side) [m]."""
+
+    albedo: wp.vec3
+    ndl: float
+    lit: wp.int32
+    amb: wp.vec3
+    shadow_origin: wp.vec3
+
+
+@wp.func(inline=True)
+def shade_terms(geo: SceneGeo, tables: ShadeTables, light: Lighting, d: wp.vec3, h: Hit) -> ShadeTerms:
+    """:class:`ShadeTerms` of the hit ``h`` (``face >= 0``) seen along unit direction ``d``."""
+    n = h.normal
+    if wp.dot(n, d) > 0.0:
+        n = -n
+    st = ShadeTerms()
+    st.albedo = albedo(geo, tables, h.face, h.instance, h.material, h.u, h.v)
+    st.ndl = wp.dot(n, light.sun_dir)
+    st.lit = wp.where(st.ndl > 0.0, 1, 0)
+    st.amb = light.ambient * (0.6 + 0.4 * n[2])
+    st.shadow_origin = h.point + n * (1.0e-3 + 1.0e-5 * h.t)
+    return st
+
+
+@wp.func(inline=True)
+def shade_lit(light: Lighting, st: ShadeTerms, vis: float) -> wp.vec3:
+    """Linear radiance of shaded terms with sun visibility ``vis`` (1 lit, 0 in shadow)."""
+    direct = wp.vec3(0.0)
+    if st.lit != 0:
+        direct = light.sun_color * (st.ndl * vis)
+    return wp.cw_mul(st.albedo, direct + st.amb)
+
+
 @wp.func(inline=True)
 def shade_hit(geo: SceneGeo, tables: ShadeTables, light: Lighting, d: wp.vec3, h: Hit, time: float) -> wp.vec3:
     """Linear radiance seen along unit direction ``d`` whose closest surface is ``h`` (a miss: the sky)."""
     if h.face < 0:
         return sky(light, d)
-    n = h.normal
-    if wp.dot(n, d) > 0.0:
-        n = -n
-    a = albedo(geo, tables, h.face, h.instance, h.material, h.u, h.v)
-    ndl = wp.dot(n, light.sun_dir)
-    direct = wp.vec3(0.0)
-    if ndl > 0.0:
-        vis = float(1.0)
-        if light.shadows != 0:
-            o = h.point + n * (1.0e-3 + 1.0e-5 * h.t)
-            if occluded(geo, o, light.sun_dir, 1.0e4, time):
-                vis = 0.0
-        direct = light.sun_color * (ndl * vis)
-    amb = light.ambient * (0.6 + 0.4 * n[2])
-    return wp.cw_mul(a, direct + amb)
+    st = shade_terms(geo, tables, light, d, h)
+    vis = float(1.0)
+    if st.lit != 0 and light.shadows != 0:
+        if occluded(geo, st.shadow_origin, light.sun_dir, SHADOW_REACH, time):
+            vis = 0.0
+    return shade_lit(light, st, vis)
 
 
 @wp.func(inline=True)
@@ -256,6 +326,14 @@ def render_kernel(
         color[row, col, 2] = srgb_u8(acc[2])
 
 
+@wp.func(inline=True)
+def write_rgb(color: wp.array3d[wp.uint8], row: int, col: int, acc: wp.vec3):
+    """A pixel's linear radiance as sRGB8."""
+    color[row, col, 0] = srgb_u8(acc[0])
+    color[row, col, 1] = srgb_u8(acc[1])
+    color[row, col, 2] = srgb_u8(acc[2])
+
+
 #: Pixels of one image row traced as one packet by :func:`render_rows_kernel`.
 ROW_PACKET = 64
 
@@ -302,6 +380,15 @@ def render_rows_kernel(
     rot = wp.quat()
     listed = Listed()
     listed.n = -1  # the instances through the top-level BVH, unless listed below
+    # the lit surfaces whose shadow rays wait for the run's list of instances: albedo, ambient, n·l, shadow origin
+    s_alb = mat64x3()
+    s_amb = mat64x3()
+    s_org = mat64x3()
+    s_ndl = vec64f()
+    s_lit = vec64f()
+    s_lo = wp.vec3(1.0e30)
+    s_hi = wp.vec3(-1.0e30)
+    n_lit = int(0)
     if same != 0:
         pose = lerp_pose(cam_poses[0], cam_poses[1], tau)
         origin = wp.transform_get_translation(pose)
@@ -356,10 +443,23 @@ def render_rows_kernel(
                 if wp.dot(h.normal, d) > 0.0:
                     h.normal = -h.normal
             if want_color != 0:
-                acc = shade_hit(geo, tables, light, d, hit, time)
-                color[row, col, 0] = srgb_u8(acc[0])
-                color[row, col, 1] = srgb_u8(acc[1])
-                color[row, col, 2] = srgb_u8(acc[2])
+                if same != 0 and light.shadows != 0 and hit.face >= 0:
+                    # shaded now; its shadow ray is traced below, once the run's lit surfaces are all known
+                    st = shade_terms(geo, tables, light, d, hit)
+                    if st.lit != 0:
+                        for k in range(3):
+                            s_alb[j, k] = st.albedo[k]
+                            s_amb[j, k] = st.amb[k]
+                            s_org[j, k] = st.shadow_origin[k]
+                        s_ndl[j] = st.ndl
+                        s_lit[j] = 1.0
+                        s_lo = wp.min(s_lo, st.shadow_origin)
+                        s_hi = wp.max(s_hi, st.shadow_origin)
+                        n_lit += 1
+                    else:
+                        write_rgb(color, row, col, shade_lit(light, st, 1.0))
+                else:
+                    write_rgb(color, row, col, shade_hit(geo, tables, light, d, hit, time))
         elif want_color != 0:
             for k in range(3):
                 color[row, col, k] = srgb_u8(0.0)
@@ -367,6 +467,38 @@ def render_rows_kernel(
             distance[row, col] = h.t
             semantic[row, col] = h.semantic
             normal[row, col] = h.normal
+    if n_lit > 0:
+        # the run's shadow rays (parallel, toward the sun): the instances any of them may meet listed once, each ray
+        # then tests those with the top-level BVH's own box test (the same answer as through the BVH)
+        time = t0 + tau * (t1 - t0)
+        sun = light.sun_dir
+        shadow_list = Listed()
+        shadow_list.n = 0
+        if geo.num_instances > 0:
+            shadow_list = parallel_instances(geo, s_lo, s_hi, sun, SHADOW_REACH)
+        rcp = wp.vec3(1.0 / sun[0], 1.0 / sun[1], 1.0 / sun[2])
+        for j in range(n):
+            if s_lit[j] > 0.0:
+                st = ShadeTerms()
+                st.albedo = wp.vec3(s_alb[j, 0], s_alb[j, 1], s_alb[j, 2])
+                st.amb = wp.vec3(s_amb[j, 0], s_amb[j, 1], s_amb[j, 2])
+                st.ndl = s_ndl[j]
+                st.lit = 1
+                o = wp.vec3(s_org[j, 0], s_org[j, 1], s_org[j, 2])
+                blocked = bool(False)
+                if shadow_list.n < 0:
+                    blocked = occluded(geo, o, sun, SHADOW_REACH, time)
+                else:
+                    blocked = occluded_static(geo, o, sun, SHADOW_REACH)
+                    for q in range(shadow_list.n):
+                        idx = shadow_list.idx[q]
+                        if not blocked:
+                            if ray_box_entry(o, rcp, geo.inst_lo[idx], geo.inst_hi[idx], SHADOW_REACH) != 0:
+                                blocked = instance_occludes(geo, idx, o, sun, SHADOW_REACH, time)
+                vis = float(1.0)
+                if blocked:
+                    vis = 0.0
+                write_rgb(color, row, c0 + j, shade_lit(light, st, vis))
 
 
 @wp.kernel
