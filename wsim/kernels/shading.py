@@ -376,6 +376,7 @@ def render_rows_kernel(
     dirs = mat64x3()
     lo = vec64f()
     hi = vec64f()
+    ok = vec64f()  # 1 where the pixel's ray lies in the lens's field of view
     origin = wp.vec3()
     rot = wp.quat()
     listed = Listed()
@@ -401,6 +402,7 @@ def render_rows_kernel(
                 dirs[j, 1] = d[1]
                 dirs[j, 2] = d[2]
                 hi[j] = t_max
+                ok[j] = 1.0
         first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                             origin, dirs, lo, hi, n)
         if geo.num_instances > 0:  # the instances the run's rays may meet, listed once (a cone around their mean)
@@ -426,12 +428,20 @@ def render_rows_kernel(
             pose = lerp_pose(cam_poses[0], cam_poses[1], tau_j)
             origin = wp.transform_get_translation(pose)
             rot = wp.transform_get_rotation(pose)
-        r = unproject(lens, centre)
         h = miss()
         h.normal = wp.vec3(0.0)
         d = wp.vec3(0.0, 0.0, 1.0)
-        if r[3] > 0.0:
-            d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
+        valid = int(0)
+        if same != 0:  # the packet's ray
+            if ok[j] != 0.0:
+                valid = 1
+                d = wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])
+        else:
+            r = unproject(lens, centre)
+            if r[3] > 0.0:
+                valid = 1
+                d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
+        if valid != 0:
             hit = miss()
             if same != 0:
                 hit = closest_hit_listed(geo, origin, d, t_max, time,
