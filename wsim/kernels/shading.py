@@ -200,6 +200,14 @@ def srgb_u8(x: float) -> wp.uint8:
 
 
 @wp.func(inline=True)
+def write_rgb(color: wp.array3d[wp.uint8], row: int, col: int, acc: wp.vec3):
+    """A pixel's linear radiance as sRGB8."""
+    color[row, col, 0] = srgb_u8(acc[0])
+    color[row, col, 1] = srgb_u8(acc[1])
+    color[row, col, 2] = srgb_u8(acc[2])
+
+
+@wp.func(inline=True)
 def shade_ray(geo: SceneGeo, tables: ShadeTables, light: Lighting, origin: wp.vec3, d: wp.vec3, t_max: float,
               time: float) -> wp.vec3:
     """Linear radiance seen along a ray."""
@@ -320,18 +328,7 @@ def render_kernel(
                 if r[3] > 0.0:
                     d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
                     acc += shade_ray(geo, tables, light, origin, d, t_max, time)
-        acc = acc * (inv * inv)
-        color[row, col, 0] = srgb_u8(acc[0])
-        color[row, col, 1] = srgb_u8(acc[1])
-        color[row, col, 2] = srgb_u8(acc[2])
-
-
-@wp.func(inline=True)
-def write_rgb(color: wp.array3d[wp.uint8], row: int, col: int, acc: wp.vec3):
-    """A pixel's linear radiance as sRGB8."""
-    color[row, col, 0] = srgb_u8(acc[0])
-    color[row, col, 1] = srgb_u8(acc[1])
-    color[row, col, 2] = srgb_u8(acc[2])
+        write_rgb(color, row, col, acc * (inv * inv))
 
 
 #: Pixels of one image row traced as one packet by :func:`render_rows_kernel`.
@@ -359,8 +356,10 @@ def render_rows_kernel(
 ):
     """:func:`render_kernel` without supersampling for a run of up to ``ROW_PACKET`` pixels of one row (CPU, static
     mesh on the 8-wide BVH): the pixels exposed at the same instant share the camera's position, so their rays find
-    their static surfaces in one packet traversal; the same bits as pixel by pixel, and one trace serves both the
-    raw products and the colour."""
+    their static surfaces in one packet traversal and the instances their cone may meet are listed once; their
+    shadow rays (parallel, toward the sun) are traced once the run's lit surfaces are known, against the instances
+    listed for the box of their origins. The same bits as pixel by pixel, and one trace serves both the raw products
+    and the colour."""
     i = wp.tid() + offset
     runs = (lens.width + ROW_PACKET - 1) / ROW_PACKET
     row = i / runs
@@ -408,13 +407,13 @@ def render_rows_kernel(
         if geo.num_instances > 0:  # the instances the run's rays may meet, listed once (a cone around their mean)
             axis = wp.vec3(0.0)
             for j in range(n):
-                if hi[j] > 0.0:
+                if ok[j] != 0.0:
                     axis += wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])
             if wp.length(axis) > 0.0:
                 axis = wp.normalize(axis)
                 cmin = float(1.0)
                 for j in range(n):
-                    if hi[j] > 0.0:
+                    if ok[j] != 0.0:
                         cmin = wp.min(cmin, wp.dot(axis, wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])))
                 if cmin > 0.5:  # a cone of at most 60 degrees
                     listed = cone_instances(geo, origin, axis, wp.sqrt(1.0 - cmin * cmin) / cmin)
@@ -471,8 +470,7 @@ def render_rows_kernel(
                 else:
                     write_rgb(color, row, col, shade_hit(geo, tables, light, d, hit, time))
         elif want_color != 0:
-            for k in range(3):
-                color[row, col, k] = srgb_u8(0.0)
+            write_rgb(color, row, col, wp.vec3(0.0))
         if want_raw != 0:
             distance[row, col] = h.t
             semantic[row, col] = h.semantic
