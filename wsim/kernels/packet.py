@@ -40,8 +40,10 @@ const vec3* V0 = v0.data;
 const vec3* V1 = v1.data;
 const vec3* V2 = v2.data;
 const int* F = fid.data;
-// the constants of wide_closest
+// the constants of wide_closest, and its NaN-dropping max / min (the second operand when unordered)
 const float WIDEN = 1.0f + 4.76837158203125e-7f;
+#define VMAX(a, b) ({ const vf a_ = (a), b_ = (b); a_ > b_ ? a_ : b_; })
+#define VMIN(a, b) ({ const vf a_ = (a), b_ = (b); a_ < b_ ? a_ : b_; })
 const float CULL = 1.0f + 9.765625e-4f;
 mat_t<64, 4, float> res;
 for (int k = 0; k < 64; ++k) { res.data[k][0] = -1.0f; res.data[k][1] = -1.0f; }
@@ -187,10 +189,8 @@ auto leaf = [&](int slot, int code) -> bool {
         const vf lx = cNx[c] ? HIX : LOX, ux = cNx[c] ? LOX : HIX;
         const vf ly = cNy[c] ? HIY : LOY, uy = cNy[c] ? LOY : HIY;
         const vf lz = cNz[c] ? HIZ : LOZ, uz = cNz[c] ? LOZ : HIZ;
-        const vf tn = __builtin_elementwise_max(__builtin_elementwise_max((lx - cOx[c]) * cRx[c], (ly - cOy[c]) * cRy[c]),
-                                                __builtin_elementwise_max((lz - cOz[c]) * cRz[c], ZERO));
-        const vf tf = __builtin_elementwise_min(__builtin_elementwise_min((ux - cOx[c]) * cFx[c], (uy - cOy[c]) * cFy[c]),
-                                                __builtin_elementwise_min((uz - cOz[c]) * cFz[c], cTF[c]));
+        const vf tn = VMAX((lx - cOx[c]) * cRx[c], VMAX((ly - cOy[c]) * cRy[c], VMAX((lz - cOz[c]) * cRz[c], ZERO)));
+        const vf tf = VMIN((ux - cOx[c]) * cFx[c], VMIN((uy - cOy[c]) * cFy[c], VMIN((uz - cOz[c]) * cFz[c], cTF[c])));
         const vi bm = tn <= tf;
         if (!bits(bm)) continue;
         for (int k = k0; k < k1; ++k) {
@@ -338,6 +338,8 @@ for (int c = 0; c < nc; ++c) {
         res.data[k][3] = cHV[c][l];
     }
 }
+#undef VMAX
+#undef VMIN
 return res;
 #endif
 """

@@ -57,6 +57,10 @@ const int fx = 3 - nx, fy = 5 - ny, fz = 7 - nz;
 // that the error is relative to t wherever the origin is. A near distance carries at most 3 roundings, a far one 4
 // (its reciprocal is pre-scaled by WIDEN = 1 + 2^-21 ≥ (1 + ε)³/(1 − ε)⁴): a box the ray touches is never culled.
 const float WIDEN = 1.0f + 4.76837158203125e-7f;
+// max / min dropping a NaN first operand (the second when unordered, as x86 maxps / minps): every chain below ends in
+// an operand that is never NaN, so a NaN slab distance is ignored
+#define VMAX(a, b) ({ const vf a_ = (a), b_ = (b); a_ > b_ ? a_ : b_; })
+#define VMIN(a, b) ({ const vf a_ = (a), b_ = (b); a_ < b_ ? a_ : b_; })
 const vf RX = rx, RY = ry, RZ = rz;
 const vf FX = rx * WIDEN, FY = ry * WIDEN, FZ = rz * WIDEN;
 const vf OX = o[0], OY = o[1], OZ = o[2];
@@ -93,10 +97,8 @@ while (true) {
         __builtin_memcpy(&ux, nb + fx * 8, sizeof(vf));
         __builtin_memcpy(&uy, nb + fy * 8, sizeof(vf));
         __builtin_memcpy(&uz, nb + fz * 8, sizeof(vf));
-        vf tn = __builtin_elementwise_max(__builtin_elementwise_max((lx - OX) * RX, (ly - OY) * RY),
-                                          __builtin_elementwise_max((lz - OZ) * RZ, ZERO));
-        vf tf = __builtin_elementwise_min(__builtin_elementwise_min((ux - OX) * FX, (uy - OY) * FY),
-                                          __builtin_elementwise_min((uz - OZ) * FZ, TFAR));
+        vf tn = VMAX((lx - OX) * RX, VMAX((ly - OY) * RY, VMAX((lz - OZ) * RZ, ZERO)));
+        vf tf = VMIN((ux - OX) * FX, VMIN((uy - OY) * FY, VMIN((uz - OZ) * FZ, TFAR)));
         vi m = tn <= tf;
 #if defined(__AVX__)
         typedef float v8sf __attribute__((__vector_size__(32)));
@@ -201,6 +203,8 @@ while (true) {
 if (hitf < 0) return wp::vec4(-1.0f, -1.0f, 0.0f, 0.0f);
 // Warp's barycentrics: p = u·p0 + v·p1 + (1 − u − v)·p2
 return wp::vec4(tmax, __builtin_bit_cast(float, hitk), hu, hv);  // the triangle's slot: see wide_slot
+#undef VMAX
+#undef VMIN
 #endif
 """
 
