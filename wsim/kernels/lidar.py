@@ -312,6 +312,7 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
     ech.s = s
     ech.code = code
     ech.tau = taus
+    ech.rep_r = r
     return ech
 
 
@@ -406,6 +407,7 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
     pb = vec64f()
     pc = vec64i()
     pt = vec64f()
+    pbr = vec64f()
     npk = int(0)
     for j in range(c.m):
         start_new = npk == 0
@@ -424,6 +426,7 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
             pb[q] = cs[j]
             pc[q] = c.code[j]
             pt[q] = c.tau[j]
+            pbr[q] = cr[j]
     pk = Peaks()
     pk.n = npk
     pk.sum_sr = pr
@@ -433,6 +436,7 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
     pk.best_s = pb
     pk.best_code = pc
     pk.best_tau = pt
+    pk.best_r = pbr
     return pk
 
 
@@ -447,6 +451,7 @@ def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
     s = vec8f()
     code = vec8i()
     taus = vec8f()
+    rep = vec8f()
     n = int(0)
     for _e in range(p.max_returns):
         best = int(-1)
@@ -458,6 +463,7 @@ def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
             s[n] = ps[best]
             code[n] = pk.best_code[best]
             taus[n] = pk.best_tau[best]
+            rep[n] = pk.best_r[best]
             n += 1
             pn[best] = 0.0
     ech.n = n
@@ -465,6 +471,7 @@ def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
     ech.s = s
     ech.code = code
     ech.tau = taus
+    ech.rep_r = rep
     ech.first = miss()
     return ech
 
@@ -491,7 +498,9 @@ def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, ech
     dk = subray_dir(ray.dir, k, p)
     h = ech.first
     if p.ray_type != RAY_IDEALIZED or r > 0:
-        h = nth_hit(geo, ray.origin, dk, depth, p.far, time)
+        # the surfaces up to it lie no farther than its distance: a range just beyond it finds the same ones, with
+        # the tree culled past it
+        h = nth_hit(geo, ray.origin, dk, depth, wp.min(p.far, ech.rep_r[r] * 1.001 + 1.0e-3), time)
     return h, k, dk
 
 

@@ -192,6 +192,7 @@ class Peaks:
     best_s: vec64f  # strongest member's signal
     best_code: vec64i  # strongest member's code
     best_tau: vec64f  # strongest member's weight·τ
+    best_r: vec64f  # strongest member's range [m] (the distance of its surface along its sub-ray)
 
 
 @wp.struct
@@ -204,6 +205,7 @@ class Echoes:
     s: vec8f
     code: vec8i
     tau: vec8f
+    rep_r: vec8f  # the representative surface's distance along its (sub-)ray [m], which bounds its re-finding
     first: Hit
 
 
