@@ -163,18 +163,19 @@ for (int c = 0; c < nc; ++c) for (int l = 0; l < 8; ++l) tfar = fmax_(tfar, cTF[
 const vf ZERO = 0.0f;
 const vf PINF = INFINITY, NINF = -INFINITY;
 const vf SLX = slo[0], SLY = slo[1], SLZ = slo[2], SHX = shi[0], SHY = shi[1], SHZ = shi[2];
+// (finite reciprocal bounds, so no NaN arises here)
 auto axis = [&](int a, vf lo, vf hi, vf SL, vf SH, vf& nl, vf& fu) {
     if (drop[a]) { nl = NINF; fu = PINF; return; }
     nl = PINF; fu = NINF;
     const vf bl = lo - SH;  // the smallest lo − o of all rays (rounding is monotone)
     const vf bh = hi - SL;  // the largest hi − o
     if (pos[a]) {  // near = (lo − o)·r, far = (hi − o)·r·WIDEN with r > 0
-        nl = __builtin_elementwise_min(bl * rpl[a], bl * rph[a]);
-        fu = __builtin_elementwise_max(bh * fpl[a], bh * fph[a]);
+        nl = VMIN(bl * rpl[a], bl * rph[a]);
+        fu = VMAX(bh * fpl[a], bh * fph[a]);
     }
     if (neg[a]) {  // near = (hi − o)·r, far = (lo − o)·r·WIDEN with r < 0: largest hi − o, smallest lo − o
-        nl = __builtin_elementwise_min(nl, __builtin_elementwise_min(bh * rnl[a], bh * rnh[a]));
-        fu = __builtin_elementwise_max(fu, __builtin_elementwise_max(bl * fnl[a], bl * fnh[a]));
+        nl = VMIN(nl, VMIN(bh * rnl[a], bh * rnh[a]));
+        fu = VMAX(fu, VMAX(bl * fnl[a], bl * fnh[a]));
     }
 };
 
@@ -279,8 +280,8 @@ while (true) {
         axis(0, lx, ux, SLX, SHX, nlx, fux);
         axis(1, ly, uy, SLY, SHY, nly, fuy);
         axis(2, lz, uz, SLZ, SHZ, nlz, fuz);
-        const vf tn = __builtin_elementwise_max(__builtin_elementwise_max(nlx, nly), __builtin_elementwise_max(nlz, ZERO));
-        const vf tf = __builtin_elementwise_min(__builtin_elementwise_min(fux, fuy), __builtin_elementwise_min(fuz, (vf)tfar));
+        const vf tn = VMAX(nlx, VMAX(nly, VMAX(nlz, ZERO)));
+        const vf tf = VMIN(fux, VMIN(fuy, VMIN(fuz, (vf)tfar)));
         // empty lanes (lo > hi) fail even where no axis bounds the rays
         unsigned mask = bits((tn <= tf) & (lx <= ux));
         if (mask) {
