@@ -8,7 +8,7 @@ import warp as wp
 from conftest import box_mesh, quad_mesh
 
 from wsim.kernels.shading import occluded
-from wsim.kernels.trace import SceneGeo, closest_hit, hit_distance
+from wsim.kernels.trace import SceneGeo, closest_hit, hit_distance, instances_may_meet
 from wsim.launch import launch
 from wsim.scene import Instance, Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
@@ -336,6 +336,69 @@ def test_wide_bvh_instances_match_mesh_query_ray():
     # a view with other keys shares the pool
     view = wide.with_instances(scene, scene.instances)
     assert view.geo.proto_wide_boxes is wide.geo.proto_wide_boxes
+
+
+@wp.kernel
+def _cull_vs_tlas_kernel(geo: SceneGeo, o: wp.array[wp.vec3], d: wp.array[wp.vec3], t_max: wp.array[float],
+                         found: wp.array[wp.int32], may: wp.array[wp.int32]):
+    i = wp.tid()
+    bq = wp.bvh_query_ray(geo.tlas, o[i], d[i])
+    idx = int(0)
+    k = int(0)
+    while wp.bvh_query_next(bq, idx, t_max[i]):
+        k += 1
+    found[i] = k
+    may[i] = wp.where(instances_may_meet(geo, o[i], d[i], t_max[i]), 1, 0)
+
+
+@pytest.mark.parametrize("n_inst", [24, 300])
+def test_instance_cull_tree_passes_every_ray_the_top_level_query_serves(n_inst):
+    """The 8-wide tree over the instances' boxes (CPU) lets a ray skip the top-level query only when that query
+    would find nothing before t_max: random rays, rays aimed at box corners and along box faces, axis-parallel
+    rays and origins on the boxes' planes, still and moving instances; most rays that meet no box are told so. A
+    trace with the tree equals one without it, bit for bit."""
+    scene = _instanced_scene()
+    rng = np.random.default_rng(21)
+    while len(scene.instances) < n_inst:
+        k = len(scene.instances)
+        q = quat_from_axis_angle(rng.normal(size=3), rng.uniform(0, np.pi))
+        scene.instances.append(Instance(k % 2, [0.0], [rng.uniform(-60, 60, 3)], [q],
+                                        scales=[rng.uniform(0.2, 1.5, 3)], object_id=100 + k))
+    geo = SceneGeometry(scene, "cpu")
+    geo.set_time_window(0.0, 1.0)
+    assert geo.geo.use_inst_cull == 1
+    lo, hi = geo.geo.inst_lo.numpy().astype(np.float64), geo.geo.inst_hi.numpy().astype(np.float64)
+    n = 30000
+    o = rng.uniform(-70, 70, (n, 3))
+    pick = rng.integers(0, len(lo), n)
+    corner = np.where(rng.random((n, 3)) < 0.5, lo[pick], hi[pick])
+    d = rng.normal(size=(n, 3))
+    aim = rng.random(n) < 0.5
+    d[aim] = corner[aim] - o[aim]  # grazing a box at its corner
+    face = rng.random(n) < 0.2  # origins on a box's plane, running inside it
+    ax = rng.integers(0, 3, n)
+    o[face, ax[face]] = corner[face, ax[face]]
+    d[face, ax[face]] = 0.0
+    par = rng.random(n) < 0.1  # axis-parallel
+    d[par] = np.eye(3)[rng.integers(0, 3, par.sum())] * rng.choice([-1.0, 1.0], (par.sum(), 1))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    t_max = np.where(rng.random(n) < 0.5, 1e6, rng.uniform(0.0, 80.0, n))
+    arr = lambda x, dt=wp.vec3: wp.array(np.ascontiguousarray(x, np.float32), dtype=dt, device="cpu")  # noqa: E731
+    found, may = wp.zeros(n, dtype=wp.int32, device="cpu"), wp.zeros(n, dtype=wp.int32, device="cpu")
+    wp.launch(_cull_vs_tlas_kernel, n, [geo.geo, arr(o), arr(d), arr(t_max, float), found, may], device="cpu")
+    found, may = found.numpy() > 0, may.numpy() == 1
+    assert found.mean() > 0.2
+    assert not np.any(found & ~may), int((found & ~may).sum())
+    assert (~may[~found]).mean() > 0.5
+    times = rng.uniform(0.0, 1.0, n)
+    m = n // 2  # and rays from inside the room aimed at its instances
+    o[m:] = rng.uniform(-25, 25, (n - m, 3))
+    d[m:] = 0.5 * (lo + hi)[rng.integers(0, 24, n - m)] + rng.normal(0, 1.0, (n - m, 3)) - o[m:]
+    a = geo.trace(o, d, times).numpy()
+    geo.geo.use_inst_cull = 0
+    b = geo.trace(o, d, times).numpy()
+    assert (b["instance"] >= 0).mean() > 0.1
+    assert all(np.array_equal(np.ascontiguousarray(a[k]).view(np.uint8), np.ascontiguousarray(b[k]).view(np.uint8)) for k in a)
 
 
 @wp.kernel

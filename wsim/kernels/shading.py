@@ -18,7 +18,7 @@ from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, wide_packet
 from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, hit_distance,
-                    miss, ray_box_entry)
+                    instances_may_meet, miss, ray_box_entry)
 from .widebvh import wide_any, wide_any_from
 
 
@@ -77,7 +77,7 @@ class Lighting:
 def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, time: float) -> bool:
     """Whether anything lies on ``origin + t·direction``, 0 < t < t_max [m], with the scene at ``time`` [s]."""
     hit = occluded_static(geo, origin, direction, t_max)
-    if not hit and geo.num_instances > 0:
+    if not hit and instances_may_meet(geo, origin, direction, t_max):
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
         while wp.bvh_query_next(bq, idx, t_max):

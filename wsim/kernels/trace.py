@@ -6,8 +6,9 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 
 import warp as wp
 
+from .packet import mat64x3, vec64f, wide_packet
 from .pose import difference_window, sample_keys
-from .widebvh import wide_closest, wide_closest_from, wide_slot
+from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -60,6 +61,11 @@ class SceneGeo:
     num_instances: wp.int32
     inst_lo: wp.array[wp.vec3]  # the top-level BVH's boxes: each instance's world bounds over the time window
     inst_hi: wp.array[wp.vec3]
+    # CPU: an 8-wide tree over the same boxes (wsim.scene.widebvh.box_tree) telling the rays that meet none of them
+    # (use_inst_cull = 0: every ray queries the top level)
+    use_inst_cull: wp.int32
+    inst_cull_boxes: wp.array[float]
+    inst_cull_child: wp.array[wp.int32]
     inst_mesh: wp.array[wp.uint64]
     inst_part_offset: wp.array[wp.int32]
     inst_key_start: wp.array[wp.int32]
@@ -187,12 +193,24 @@ def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: f
                     b: Nearest) -> Hit:
     """The closest of the static surface found ``b`` (``b.face`` < 0: none, ``b.t`` then the range's end) and the
     instances' surfaces nearer than it (through the top-level BVH), as a Hit."""
-    if geo.num_instances > 0:
+    if instances_may_meet(geo, origin, direction, b.t):
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
         while wp.bvh_query_next(bq, idx, b.t):
             b = _try_instance(geo, idx, origin, direction, t_min, time, b)
     return _hit_of(geo, origin, direction, time, b)
+
+
+@wp.func(inline=True)
+def instances_may_meet(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float) -> bool:
+    """False only when the top-level query of ``origin + t·direction``, t < ``t_max`` [m], would find no instance:
+    the 8-wide tree over the same boxes (:func:`wsim.kernels.widebvh.wide_box_any`, conservative) says so."""
+    if geo.num_instances == 0:
+        return False
+    if geo.use_inst_cull == 0:
+        return True
+    return wide_box_any(geo.inst_cull_boxes, geo.inst_cull_child, geo.inst_lo, geo.inst_lo, geo.inst_lo,
+                        geo.inst_cull_child, origin, direction, t_max)[1] >= 0.0
 
 
 @wp.func(inline=True)
@@ -381,6 +399,61 @@ def trace_closest_kernel(
 ):
     i = wp.tid() + offset
     hits[i] = closest_hit(geo, origins[i], wp.normalize(directions[i]), t_min, t_max, times[i])
+
+
+#: Rays a thread of :func:`trace_closest_packets_kernel` takes together (a packet when they share their origin).
+TRACE_PACKET = wp.constant(16)
+
+
+@wp.func(inline=True)
+def _same_point(a: wp.vec3, b: wp.vec3) -> bool:
+    """Whether two points have the same float32 bits (so -0.0 and 0.0 differ)."""
+    return wide_slot(a[0]) == wide_slot(b[0]) and wide_slot(a[1]) == wide_slot(b[1]) and wide_slot(a[2]) == wide_slot(b[2])
+
+
+@wp.kernel
+def trace_closest_packets_kernel(
+    geo: SceneGeo,
+    origins: wp.array[wp.vec3],
+    directions: wp.array[wp.vec3],
+    times: wp.array[float],
+    t_min: float,
+    t_max: float,
+    n: int,
+    offset: int,
+    hits: wp.array[Hit],
+):
+    """:func:`trace_closest_kernel` over rays ``TRACE_PACKET · tid`` on (CPU, ``geo.use_wide``): when those rays start
+    at the same point (a lidar's column of emitters, a camera's pixels) they traverse the static 8-wide BVH as one
+    packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit), then
+    the instances ray by ray; otherwise ray by ray."""
+    s = (wp.tid() + offset) * TRACE_PACKET
+    m = wp.min(TRACE_PACKET, n - s)
+    o = origins[s]
+    shared = m > 1
+    for k in range(1, m):
+        if not _same_point(origins[s + k], o):
+            shared = False
+    if shared:
+        dirs = mat64x3()
+        lo = vec64f()
+        hi = vec64f()
+        for k in range(m):
+            d = wp.normalize(directions[s + k])
+            dirs[k, 0] = d[0]
+            dirs[k, 1] = d[1]
+            dirs[k, 2] = d[2]
+            lo[k] = t_min
+            hi[k] = t_max
+        res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
+                          dirs, lo, hi, m)
+        for k in range(m):
+            w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+            hits[s + k] = closest_hit_given(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
+                                            times[s + k], w)
+    else:
+        for k in range(m):
+            hits[s + k] = closest_hit(geo, origins[s + k], wp.normalize(directions[s + k]), t_min, t_max, times[s + k])
 
 
 @wp.kernel

@@ -61,8 +61,11 @@ const float WIDEN = 1.0f + 4.76837158203125e-7f;
 // an operand that is never NaN, so a NaN slab distance is ignored
 #define VMAX(a, b) ({ const vf a_ = (a), b_ = (b); a_ > b_ ? a_ : b_; })
 #define VMIN(a, b) ({ const vf a_ = (a), b_ = (b); a_ < b_ ? a_ : b_; })
-const vf RX = rx, RY = ry, RZ = rz;
-const vf FX = rx * WIDEN, FY = ry * WIDEN, FZ = rz * WIDEN;
+// BOX_ONLY (a tree of boxes, not triangles): near distances scaled down and far ones up by 2^-16 more, a margin
+// far beyond any rounding of another box test of the same ray (1 for the triangle traversals: the same bits)
+const float NEAR_S = BOX_ONLY ? 1.0f - 1.52587890625e-5f : 1.0f, FAR_S = BOX_ONLY ? 1.0f + 1.52587890625e-5f : 1.0f;
+const vf RX = rx * NEAR_S, RY = ry * NEAR_S, RZ = rz * NEAR_S;
+const vf FX = rx * WIDEN * FAR_S, FY = ry * WIDEN * FAR_S, FZ = rz * WIDEN * FAR_S;
 const vf OX = o[0], OY = o[1], OZ = o[2];
 const vf ZERO = 0.0f;
 // a box beyond the current hit by more than the margin CULL (>= WIDEN) is culled: the result is the triangle of
@@ -136,6 +139,7 @@ while (true) {
             continue;
         }
     } else {
+        if (BOX_ONLY) return wp::vec4(0.0f, __builtin_bit_cast(float, -ref - 1), 0.0f, 0.0f);  // a leaf box is met
         int code = -ref - 1;
         int k0 = code >> 3;
         int k1 = k0 + (code & 7) + 1;
@@ -209,7 +213,7 @@ return wp::vec4(tmax, __builtin_bit_cast(float, hitk), hu, hv);  // the triangle
 """
 
 
-@wp.func_native("const bool ANY_HIT = false;\n" + _TRACE)
+@wp.func_native("const bool ANY_HIT = false, BOX_ONLY = false;\n" + _TRACE)
 def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
                  v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3,
                  max_t: float) -> wp.vec4:
@@ -220,7 +224,7 @@ def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array
 
 
 
-@wp.func_native("const bool ANY_HIT = true;\n" + _TRACE)
+@wp.func_native("const bool ANY_HIT = true, BOX_ONLY = false;\n" + _TRACE)
 def wide_any(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
              v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
     """:func:`wide_closest`'s traversal stopping at the first triangle it finds with 0 <= t < max_t (some hit, not
@@ -228,7 +232,7 @@ def wide_any(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.
     ...
 
 
-@wp.func_native("const bool ANY_HIT = false;\n" + _TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
+@wp.func_native("const bool ANY_HIT = false, BOX_ONLY = false;\n" + _TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
 def wide_closest_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
                       v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int,
                       org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
@@ -237,12 +241,24 @@ def wide_closest_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.
     unit length (an instance's ray in its prototype's frame): t is in units of ``dir``."""
     ...
 
-@wp.func_native("const bool ANY_HIT = true;\n" + _TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
+@wp.func_native("const bool ANY_HIT = true, BOX_ONLY = false;\n" + _TRACE.replace("int ref = 0;\n", "int ref = root;\n"))
 def wide_any_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
                   v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int, org: wp.vec3, dir: wp.vec3,
                   max_t: float) -> wp.vec4:
     """:func:`wide_any` from wide node ``root`` of a pool of trees (as :func:`wide_closest_from`): for shadow rays
     against an instance's prototype."""
+    ...
+
+
+@wp.func_native("const bool ANY_HIT = true, BOX_ONLY = true;\n"
+                + _TRACE.replace("return wp::vec4(-1.0f, -1.0f, 0.0f, 0.0f);\n#else", "return wp::vec4(0.0f);\n#else", 1))
+def wide_box_any(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
+                 v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
+    """Whether ``org + t·dir`` may meet a leaf box of a tree of boxes (the same node layout; a leaf entry ``~code``
+    stands for a box, not triangles) with its entry before ``max_t`` × (1 + 2^-10): entry ``[1]`` >= 0.0 if so (the
+    first such leaf's code as int32 bits), −1 if not. Conservative: near distances are taken 2^-16 short and far
+    ones 2^-16 long, so every box another slab test of the same ray (Warp's top-level query) meets before
+    ``max_t`` is met here. On CUDA: always met (``[1]`` = 0). The triangle arrays are unused (1-entry arrays do)."""
     ...
 
 

@@ -16,7 +16,7 @@ import warp as wp
 from .. import launch as _launch
 from ..kernels import trace as _trace
 from .scene import Scene, set_device_geometry_builder
-from .widebvh import build_wide_bvh, build_wide_pool
+from .widebvh import box_tree, box_tree_order, build_wide_bvh, build_wide_pool
 from .transforms import quat_slerp, quat_to_matrix
 
 BVH_LEAF_SIZE = 2  # measured best for closest-hit rays on the CPU (SAH); see benchmarks/raycast.py
@@ -209,6 +209,17 @@ class SceneGeometry:
         else:
             geo.tlas = wp.uint64(0)
             geo.inst_lo = geo.inst_hi = wp.zeros(1, dtype=wp.vec3, device=self.device)  # (a struct's arrays are set)
+        # CPU: an 8-wide tree over the same boxes tells the rays that cannot meet any (most of them) before the
+        # top-level query; its topology stays, its boxes are refit with the top level's
+        geo.use_inst_cull = int(bool(self.instances) and self._wide)
+        if geo.use_inst_cull:
+            self._cull_order = box_tree_order(lo, hi)
+            boxes, child = box_tree(lo, hi, self._cull_order)
+            geo.inst_cull_boxes = wp.array(boxes, dtype=float, device=self.device)
+            geo.inst_cull_child = wp.array(child, dtype=wp.int32, device=self.device)
+        else:
+            geo.inst_cull_boxes = wp.zeros(1, dtype=float, device=self.device)
+            geo.inst_cull_child = wp.zeros(1, dtype=wp.int32, device=self.device)
 
     def with_instances(self, scene: Scene, instances: list, window: tuple[float, float] | None = None
                        ) -> SceneGeometry:
@@ -298,6 +309,8 @@ class SceneGeometry:
         self._tlas_lowers.assign(lo)
         self._tlas_uppers.assign(hi)
         self.tlas.refit()
+        if self.geo.use_inst_cull:
+            self.geo.inst_cull_boxes.assign(box_tree(lo, hi, self._cull_order)[0])
         self.time_window = window
 
     def _swept_bounds(self, window: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -405,8 +418,14 @@ class SceneGeometry:
             tt = wp.array(np.broadcast_to(np.asarray(times, np.float32), (n,)).copy(), dtype=float, device=d)
         if max_hits == 1:
             hits = wp.empty(n, dtype=_trace.Hit, device=d)
-            _launch.launch(_trace.trace_closest_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max)], [hits],
-                           device=d, threads=threads)
+            if self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
+                p = _trace.TRACE_PACKET
+                _launch.launch(_trace.trace_closest_packets_kernel, -(-n // p),
+                               [self.geo, o, r, tt, float(t_min), float(t_max), n], [hits], device=d, threads=threads,
+                               min_shard=max(1, _launch.MIN_SHARD // p))
+            else:
+                _launch.launch(_trace.trace_closest_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max)],
+                               [hits], device=d, threads=threads)
             return Hits(hits)
         hits = wp.empty((n, max_hits), dtype=_trace.Hit, device=d)
         counts = wp.empty(n, dtype=wp.int32, device=d)

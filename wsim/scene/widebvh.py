@@ -188,3 +188,63 @@ def build_wide_pool(meshes: list) -> tuple[dict, list[int]] | None:
         node_off += p.num_nodes
         tri_off += p.num_tris
     return out, roots
+
+
+def box_tree_order(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """An order of boxes along a Morton curve of their centres (10 bits an axis over the boxes' extent): neighbours
+    in it lie close, so :func:`box_tree`'s groups of 8 are compact."""
+    c = 0.5 * (np.asarray(lo, np.float64) + np.asarray(hi, np.float64))
+    span = np.maximum(c.max(0) - c.min(0), 1e-30)
+    q = np.clip(((c - c.min(0)) / span * 1023.0).astype(np.int64), 0, 1023)
+    code = np.zeros(len(c), np.int64)
+    for bit in range(10):
+        for a in range(3):
+            code |= ((q[:, a] >> bit) & 1) << (3 * bit + a)
+    return np.argsort(code, kind="stable").astype(np.int64)
+
+
+def box_tree(lo: np.ndarray, hi: np.ndarray, order: np.ndarray, width: int = WIDTH) -> tuple[np.ndarray, np.ndarray]:
+    """An 8-wide tree over boxes (``lo``, ``hi``: (n, 3) [m]; n >= 1) in :func:`wsim.kernels.widebvh.wide_closest`'s
+    node layout, for :func:`wsim.kernels.widebvh.wide_box_any`: boxes taken in ``order`` and grouped 8 by 8, level by
+    level up to one root (node 0); leaf entry ``~(i << 3)`` is box i, grown by 1e-5 · (1 + its largest coordinate
+    magnitude) [m]. The same ``order`` gives the same ``child`` (refit: new boxes, same topology).
+
+    Returns:
+        boxes (num_nodes · 48,) float32 and child (num_nodes · 8,) int32, flat.
+    """
+    lo = np.asarray(lo, np.float64)
+    hi = np.asarray(hi, np.float64)
+    pad = 1e-5 * (1.0 + np.maximum(np.abs(lo), np.abs(hi)).max(1, keepdims=True))
+    ent_lo, ent_hi = lo[order] - pad[order], hi[order] + pad[order]
+    ent_ref = ~(np.asarray(order, np.int64) << 3)  # leaf codes; node entries: their index within the level below
+    levels = []  # bottom-up: (lo, hi, ref, is_leaf) of each level's entries, grouped width by width into its nodes
+    leaf = True
+    while True:
+        m = len(ent_ref)
+        g = max(1, -(-m // width))
+        pl = np.full((g * width, 3), np.inf)
+        ph = np.full((g * width, 3), -np.inf)
+        pr = np.full(g * width, -1, np.int64)
+        pl[:m], ph[:m], pr[:m] = ent_lo, ent_hi, ent_ref
+        levels.append((pl, ph, pr, leaf))
+        if g == 1:
+            break
+        ent_lo = pl.reshape(g, width, 3).min(1)
+        ent_hi = ph.reshape(g, width, 3).max(1)
+        ent_ref = np.arange(g, dtype=np.int64)
+        leaf = False
+    levels.reverse()  # top-down: level k's nodes are numbered after those of the levels above it
+    counts = [len(lv[2]) // width for lv in levels]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    boxes = np.empty((starts[-1], 6, width), np.float32)
+    child = np.empty((starts[-1], width), np.int32)
+    for k, (pl, ph, pr, is_leaf) in enumerate(levels):
+        g = counts[k]
+        sl = slice(starts[k], starts[k + 1])
+        boxes[sl, 0:3] = pl.reshape(g, width, 3).transpose(0, 2, 1)
+        boxes[sl, 3:6] = ph.reshape(g, width, 3).transpose(0, 2, 1)
+        ref = pr.reshape(g, width)
+        if not is_leaf:
+            ref = np.where(ref >= 0, ref + starts[k + 1], -1)
+        child[sl] = ref
+    return boxes.reshape(-1), child.reshape(-1)
