@@ -403,6 +403,10 @@ def trace_closest_kernel(
 
 #: Rays a thread of :func:`trace_closest_packets_kernel` takes together (a packet when they share their origin).
 TRACE_PACKET = wp.constant(16)
+#: How far [m] such a packet looks: rays diverging far beyond it are traced better one by one (the packet's bounds
+#: widen with distance), rays that meet a surface inside it (the road and the cars around a lidar, most camera
+#: pixels) are done.
+PACKET_REACH = wp.constant(50.0)
 
 
 @wp.func(inline=True)
@@ -425,8 +429,10 @@ def trace_closest_packets_kernel(
 ):
     """:func:`trace_closest_kernel` over rays ``TRACE_PACKET · tid`` on (CPU, ``geo.use_wide``): when those rays start
     at the same point (a lidar's column of emitters, a camera's pixels) they traverse the static 8-wide BVH as one
-    packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit), then
-    the instances ray by ray; otherwise ray by ray."""
+    packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit) over
+    the first ``PACKET_REACH`` metres of their range; a ray that meets nothing there is traced alone over its whole
+    range (the closest hit inside the reach is the closest hit of the whole range, the same bits). Then the
+    instances ray by ray. Groups of rays from several origins: ray by ray."""
     s = (wp.tid() + offset) * TRACE_PACKET
     m = wp.min(TRACE_PACKET, n - s)
     o = origins[s]
@@ -438,19 +444,23 @@ def trace_closest_packets_kernel(
         dirs = mat64x3()
         lo = vec64f()
         hi = vec64f()
+        reach = wp.min(t_max, t_min + PACKET_REACH)
         for k in range(m):
             d = wp.normalize(directions[s + k])
             dirs[k, 0] = d[0]
             dirs[k, 1] = d[1]
             dirs[k, 2] = d[2]
             lo[k] = t_min
-            hi[k] = t_max
+            hi[k] = reach
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
                           dirs, lo, hi, m)
         for k in range(m):
-            w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
-            hits[s + k] = closest_hit_given(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
-                                            times[s + k], w)
+            d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+            if res[k, 1] >= 0.0 or reach >= t_max:
+                w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+                hits[s + k] = closest_hit_given(geo, o, d, t_min, t_max, times[s + k], w)
+            else:
+                hits[s + k] = closest_hit(geo, o, d, t_min, t_max, times[s + k])
     else:
         for k in range(m):
             hits[s + k] = closest_hit(geo, origins[s + k], wp.normalize(directions[s + k]), t_min, t_max, times[s + k])
