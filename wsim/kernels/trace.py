@@ -407,6 +407,10 @@ TRACE_PACKET = wp.constant(16)
 #: widen with distance), rays that meet a surface inside it (the road and the cars around a lidar, most camera
 #: pixels) are done.
 PACKET_REACH = wp.constant(50.0)
+#: ... and its rays must lie within acos(PACKET_COS) = 6° of its first one and in one octant (no direction component
+#: of another sign, or zero): the packet's interval bounds cover every ray between them, so a wider fan (a Pandar128
+#: tick's 16 emitters spread over 15° of azimuth) or one straddling an axis plane costs many times its rays alone.
+PACKET_COS = wp.constant(0.9945219)
 
 
 @wp.func(inline=True)
@@ -432,24 +436,28 @@ def trace_closest_packets_kernel(
     packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit) over
     the first ``PACKET_REACH`` metres of their range; a ray that meets nothing there is traced alone over its whole
     range (the closest hit inside the reach is the closest hit of the whole range, the same bits). Then the
-    instances ray by ray. Groups of rays from several origins: ray by ray."""
+    instances ray by ray. Groups of rays from several origins, or not within ``PACKET_COS`` of one direction and
+    octant: ray by ray."""
     s = (wp.tid() + offset) * TRACE_PACKET
     m = wp.min(TRACE_PACKET, n - s)
     o = origins[s]
+    d0 = wp.normalize(directions[s])
+    dirs = mat64x3()
     shared = m > 1
-    for k in range(1, m):
-        if not _same_point(origins[s + k], o):
+    for k in range(m):
+        d = wp.normalize(directions[s + k])
+        dirs[k, 0] = d[0]
+        dirs[k, 1] = d[1]
+        dirs[k, 2] = d[2]
+        if not _same_point(origins[s + k], o) or wp.dot(d, d0) < PACKET_COS:
+            shared = False
+        if d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or d[2] * d0[2] <= 0.0:
             shared = False
     if shared:
-        dirs = mat64x3()
         lo = vec64f()
         hi = vec64f()
         reach = wp.min(t_max, t_min + PACKET_REACH)
         for k in range(m):
-            d = wp.normalize(directions[s + k])
-            dirs[k, 0] = d[0]
-            dirs[k, 1] = d[1]
-            dirs[k, 2] = d[2]
             lo[k] = t_min
             hi[k] = reach
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
