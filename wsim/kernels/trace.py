@@ -441,7 +441,7 @@ def trace_closest_packets_kernel(
     s = (wp.tid() + offset) * TRACE_PACKET
     m = wp.min(TRACE_PACKET, n - s)
     o = origins[s]
-    d0 = wp.normalize(directions[s])
+    d0 = wp.normalize(directions[s])  # (the same bits as its row below)
     dirs = mat64x3()
     shared = m > 1
     for k in range(m):
@@ -471,7 +471,8 @@ def trace_closest_packets_kernel(
                 hits[s + k] = closest_hit(geo, o, d, t_min, t_max, times[s + k])
     else:
         for k in range(m):
-            hits[s + k] = closest_hit(geo, origins[s + k], wp.normalize(directions[s + k]), t_min, t_max, times[s + k])
+            hits[s + k] = closest_hit(geo, origins[s + k], wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
+                                      times[s + k])
 
 
 @wp.kernel
