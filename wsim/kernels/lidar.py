@@ -25,14 +25,16 @@ import warp as wp
 
 # re-exported: the host side reads the tables and records through this module
 from .lidar_types import (  # noqa: F401
-    LidarParams, EmitterTable, TickTable, Slots, Firing, FiringRay, Contributions, Peaks, Echoes, OutputFrame,
+    LidarParams, EmitterTable, TickTable, Slots, Firing, FiringRay, Contributions, Peaks, Echoes, EchoSurfaces,
+    OutputFrame,
     FiringPose, Return, Members, MAX_CONTRIB, MAX_ECHOES, vec64f, vec64i, vec8f, vec8i, FLAG_VALID, FLAG_NEW_SCAN, RETRO_GAIN,
     RAY_IDEALIZED, RAY_GAUSSIAN, RAY_UNIFORM, FRAME_SENSOR, FRAME_WORLD, FRAME_CUSTOM, WANT_NORMAL, WANT_VELOCITY,
     WANT_OBJECT, WANT_MATERIAL, WANT_SEMANTIC, WANT_DIFF,
 )
 from .pose import difference_window, key_segment, quat_slerp_shortest
-from .packet import mat64x3, mat64x4, wide_packet
-from .trace import (Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, continue_past, hit_distance,
+from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_from
+from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Listed, SceneGeo, closest_hit,
+                    closest_hit_given, closest_hit_listed, cone_instances, continue_past, hit_distance, hit_record,
                     miss, point_velocity, shading_normal)
 
 
@@ -282,9 +284,11 @@ def nth_hit(geo: SceneGeo, o: wp.vec3, d: wp.vec3, depth: int, t_max: float, tim
 
 @wp.func(inline=True)
 def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
-                   trans: wp.array[float]) -> Echoes:
+                   trans: wp.array[float], first: wp.vec4) -> Echoes:
     """An idealized ray's echoes in path order: the first surface, then the surfaces behind transmissive ones
-    (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray."""
+    (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray. ``first``: the static
+    wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it, or ``FIRST_UNKNOWN`` in ``[1]``
+    (then the ray is traced here)."""
     ech = Echoes()
     r = vec8f()
     s = vec8f()
@@ -292,7 +296,11 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
     taus = vec8f()
     n = int(0)
     tau = float(1.0)
-    h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, time)
+    h = miss()
+    if first[1] != FIRST_UNKNOWN:
+        h = closest_hit_given(geo, ray.origin, ray.dir, 0.0, p.far, time, first)
+    else:
+        h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, time)
     ech.first = h
     depth = int(0)
     while h.face >= 0 and n < p.max_returns:
@@ -320,42 +328,32 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
 def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
               trans: wp.array[float]) -> Contributions:
     """Every sub-ray's surfaces (up to hits_per_subray each, through transmissive ones) as contributions
-    w·τ·ρ·|cos θ|/r², kept sorted by range (insertion)."""
+    w·τ·ρ·|cos θ|/r², kept sorted by range (insertion; equal ranges in arrival order), sub-ray by sub-ray, each
+    surface after the one before it. ``p.packet``: :func:`walk_beam_packets`, the same contributions."""
+    if p.packet != 0:
+        return walk_beam_packets(geo, p, ray, time, refl, trans)
+    hps = p.hits_per_subray
     cr = vec64f()
     cs = vec64f()
     cc = vec64i()
     ct = vec64f()
+    face = vec64i()
+    inst = vec64i()
+    su = vec64f()
+    sv = vec64f()
+    nx = vec64f()
+    ny = vec64f()
+    nz = vec64f()
     m = int(0)
     bh = beam_h(ray.dir)
-    first = mat64x4()
-    if p.packet != 0:  # every sub-ray's static surface in one traversal (the same bits as one by one)
-        dirs = mat64x3()
-        lo = vec64f()
-        hi = vec64f()
-        for k in range(p.beam_n):
-            dk = subray_in(ray.dir, bh, k, p)
-            dirs[k, 0] = dk[0]
-            dirs[k, 1] = dk[1]
-            dirs[k, 2] = dk[2]
-            hi[k] = p.far
-        first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                            ray.origin, dirs, lo, hi, p.beam_n)
-    listed = Listed()
-    listed.n = -1
-    if p.packet != 0 and geo.num_instances > 0:  # the instances the beam may meet, listed once
-        listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)
     for k in range(p.beam_n):
         w = p.beam[k][2]
         dk = subray_in(ray.dir, bh, k, p)
         tau = float(1.0)
-        h = miss()
-        if p.packet != 0:
-            h = closest_hit_listed(geo, ray.origin, dk, p.far, time,
-                                   wp.vec4(first[k, 0], first[k, 1], first[k, 2], first[k, 3]), listed)
-        else:
-            h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
+        h = closest_hit(geo, ray.origin, dk, 0.0, p.far, time)
         depth = int(0)
-        while h.face >= 0 and depth < p.hits_per_subray and m < MAX_CONTRIB:
+        while h.face >= 0 and depth < hps and m < MAX_CONTRIB:
+            code = k * hps + depth
             s = w * tau * surface_signal(geo, p, h, dk, refl)
             j = m - 1
             while j >= 0 and cr[j] > h.t:
@@ -366,11 +364,18 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
                 j -= 1
             cr[j + 1] = h.t
             cs[j + 1] = s
-            cc[j + 1] = k * p.hits_per_subray + depth
+            cc[j + 1] = code
             ct[j + 1] = w * tau
             m += 1
+            face[code] = h.face
+            inst[code] = h.instance
+            su[code] = h.u
+            sv[code] = h.v
+            nx[code] = h.normal[0]
+            ny[code] = h.normal[1]
+            nz[code] = h.normal[2]
             tr = trans[h.material]
-            if tr <= 0.0 or depth + 1 >= p.hits_per_subray:  # opaque, or the sub-ray's last surface
+            if tr <= 0.0 or depth + 1 >= hps:  # opaque, or the sub-ray's last surface
                 break
             tau = tau * tr
             h = continue_past(geo, ray.origin, dk, h.t, p.far, time)
@@ -381,6 +386,123 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
     c.s = cs
     c.code = cc
     c.tau = ct
+    c.face = face
+    c.inst = inst
+    c.u = su
+    c.v = sv
+    c.nx = nx
+    c.ny = ny
+    c.nz = nz
+    return c
+
+
+@wp.func(inline=True)
+def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                      trans: wp.array[float]) -> Contributions:
+    """:func:`walk_beam` depth by depth (CPU, static scene on the 8-wide BVH): every sub-ray's first static
+    surface in one packet traversal, then the sub-rays that went through a transmissive surface in one more packet
+    from just past it (:func:`wsim.kernels.packet.wide_packet` over per-ray ranges: each ray's own query, bit for
+    bit), the instances ray by ray (listed once for the beam's cone at depth 0); then the contributions are inserted
+    in :func:`walk_beam`'s order, so equal ranges rank alike. The same bits as :func:`walk_beam`."""
+    hps = p.hits_per_subray
+    dirs = mat64x3()
+    lo = vec64f()
+    hi = vec64f()
+    tau = vec64f()
+    found = vec64i()  # surfaces found so far per sub-ray
+    r_of = vec64f()  # by code: range, signal, weight·τ, surface record
+    s_of = vec64f()
+    t_of = vec64f()
+    face = vec64i()
+    inst = vec64i()
+    su = vec64f()
+    sv = vec64f()
+    nx = vec64f()
+    ny = vec64f()
+    nz = vec64f()
+    bh = beam_h(ray.dir)
+    for k in range(p.beam_n):
+        dk = subray_in(ray.dir, bh, k, p)
+        dirs[k, 0] = dk[0]
+        dirs[k, 1] = dk[1]
+        dirs[k, 2] = dk[2]
+        hi[k] = p.far
+        tau[k] = 1.0
+    listed = Listed()
+    listed.n = -1
+    if geo.num_instances > 0:  # the instances the beam may meet, listed once
+        listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)
+    for depth in range(hps):
+        res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                          ray.origin, dirs, lo, hi, p.beam_n)
+        more = int(0)
+        for k in range(p.beam_n):
+            if found[k] == depth and hi[k] > 0.0:
+                dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+                wk = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+                h = miss()
+                if depth == 0:
+                    h = closest_hit_listed(geo, ray.origin, dk, p.far, time, wk, listed)
+                else:
+                    h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time, wk)
+                hi[k] = 0.0  # done, unless it goes on through this surface
+                lo[k] = 0.0
+                if h.face >= 0:
+                    w = p.beam[k][2]
+                    code = k * hps + depth
+                    r_of[code] = h.t
+                    s_of[code] = w * tau[k] * surface_signal(geo, p, h, dk, refl)
+                    t_of[code] = w * tau[k]
+                    face[code] = h.face
+                    inst[code] = h.instance
+                    su[code] = h.u
+                    sv[code] = h.v
+                    nx[code] = h.normal[0]
+                    ny[code] = h.normal[1]
+                    nz[code] = h.normal[2]
+                    found[k] = depth + 1
+                    tr = trans[h.material]
+                    if tr > 0.0 and depth + 1 < hps:  # from just past it, as continue_past
+                        tau[k] = tau[k] * tr
+                        lo[k] = h.t + HIT_EPS_ABS + HIT_EPS_REL * h.t
+                        hi[k] = p.far
+                        more = 1
+        if more == 0:
+            break
+    cr = vec64f()
+    cs = vec64f()
+    cc = vec64i()
+    ct = vec64f()
+    m = int(0)
+    for k in range(p.beam_n):
+        for depth in range(found[k]):
+            code = k * hps + depth
+            if m < MAX_CONTRIB:
+                j = m - 1
+                while j >= 0 and cr[j] > r_of[code]:
+                    cr[j + 1] = cr[j]
+                    cs[j + 1] = cs[j]
+                    cc[j + 1] = cc[j]
+                    ct[j + 1] = ct[j]
+                    j -= 1
+                cr[j + 1] = r_of[code]
+                cs[j + 1] = s_of[code]
+                cc[j + 1] = code
+                ct[j + 1] = t_of[code]
+                m += 1
+    c = Contributions()
+    c.m = m
+    c.r = cr
+    c.s = cs
+    c.code = cc
+    c.tau = ct
+    c.face = face
+    c.inst = inst
+    c.u = su
+    c.v = sv
+    c.nx = nx
+    c.ny = ny
+    c.nz = nz
     return c
 
 
@@ -478,30 +600,51 @@ def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
 
 @wp.func(inline=True)
 def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
-                trans: wp.array[float]) -> Echoes:
-    """Steps 3–5: the firing's echoes, by ray type."""
+                trans: wp.array[float], first: wp.vec4):
+    """Steps 3–5: the firing's echoes, by ray type, and (beams) their representative surfaces (``first``: see
+    :func:`walk_idealized`)."""
     if p.ray_type == RAY_IDEALIZED:
-        return walk_idealized(geo, p, ray, time, refl, trans)
-    return rank_peaks(p, merge_peaks(p, walk_beam(geo, p, ray, time, refl, trans)))
+        return walk_idealized(geo, p, ray, time, refl, trans, first), EchoSurfaces()
+    return beam_echoes(geo, p, ray, time, refl, trans)
+
+
+@wp.func(inline=True)
+def beam_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                trans: wp.array[float]):
+    """Steps 3–5 for a beam: its contributions merged and ranked into echoes, with each echo's representative
+    surface (:class:`EchoSurfaces`)."""
+    c = walk_beam(geo, p, ray, time, refl, trans)
+    ech = rank_peaks(p, merge_peaks(p, c))
+    srf = EchoSurfaces()
+    for r in range(ech.n):
+        code = ech.code[r]
+        srf.face[r] = c.face[code]
+        srf.inst[r] = c.inst[code]
+        srf.u[r] = c.u[code]
+        srf.v[r] = c.v[code]
+        srf.nx[r] = c.nx[code]
+        srf.ny[r] = c.ny[code]
+        srf.nz[r] = c.nz[code]
+    return ech, srf
 
 
 # ------------------------------------------------------------------------------- 6. detection and intensity
 @wp.func(inline=True)
-def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, ech: Echoes, r: int):
-    """Echo r's representative surface (re-found along its sub-ray from its code), the sub-ray and its direction."""
-    code = ech.code[r]
-    k = int(0)
-    depth = code
-    if p.ray_type != RAY_IDEALIZED:
-        k = code // p.hits_per_subray
-        depth = code - k * p.hits_per_subray
+def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, first: Hit, code: int, rep_r: float,
+                 r: int, face: int, inst: int, u: float, v: float, n: wp.vec3):
+    """Echo r's representative surface (code, distance ``rep_r`` [m] along its sub-ray), the sub-ray and its
+    direction: an idealized ray's first echo is its ``first`` surface, a later one found again along the ray (its
+    surfaces up to it lie no farther than its distance: a range just beyond it finds the same ones, with the tree
+    culled past it); a beam's echo has its Hit rebuilt from the record the walk kept (face, instance, barycentrics,
+    unit normal ``n``: :class:`EchoSurfaces`), without a second query."""
+    if p.ray_type == RAY_IDEALIZED:
+        h = first
+        if r > 0:
+            h = nth_hit(geo, ray.origin, ray.dir, code, wp.min(p.far, rep_r * 1.001 + 1.0e-3), time)
+        return h, 0, ray.dir
+    k = code // p.hits_per_subray
     dk = subray_dir(ray.dir, k, p)
-    h = ech.first
-    if p.ray_type != RAY_IDEALIZED or r > 0:
-        # the surfaces up to it lie no farther than its distance: a range just beyond it finds the same ones, with
-        # the tree culled past it
-        h = nth_hit(geo, ray.origin, dk, depth, wp.min(p.far, ech.rep_r[r] * 1.001 + 1.0e-3), time)
-    return h, k, dk
+    return hit_record(geo, ray.origin, dk, time, rep_r, face, inst, u, v, n), k, dk
 
 
 @wp.func(inline=True)
@@ -659,11 +802,11 @@ def relative_velocity(geo: SceneGeo, h: Hit, time: float, of: OutputFrame) -> wp
 
 @wp.func(inline=True)
 def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing,
-                   ray: FiringRay, of: OutputFrame, ech: Echoes, r: int, h: Hit, k: int, dk: wp.vec3,
-                   noise: wp.vec3, refl: wp.array[float], gain: wp.array[float]) -> Return:
-    """Steps 6–7 for echo r on surface h: range, intensity, detection, and the wanted channels in the output
-    frame."""
-    rng = ech.r[r]
+                   ray: FiringRay, of: OutputFrame, peak_r: float, peak_s: float, tau: float, r: int, h: Hit,
+                   k: int, dk: wp.vec3, noise: wp.vec3, refl: wp.array[float], gain: wp.array[float]) -> Return:
+    """Steps 6–7 for echo r (range ``peak_r`` [m], signal ``peak_s``, weight·transmittance ``tau`` of its surface)
+    on surface h: range, intensity, detection, and the wanted channels in the output frame."""
+    rng = peak_r
     if p.ray_type == RAY_IDEALIZED:
         # from the face's vertices, as the differentiable pass does; the first echo on the static mesh already has it:
         # the 8-wide traversal's plane distance from the ray's origin is this very expression (the same bits)
@@ -674,17 +817,18 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     ret = Return()
     ret.hit = h
     ret.subray = k
-    ret.intensity = intensity_from(p, ech.s[r], rng, wp.abs(wp.dot(signal_normal(geo, p, h), dk)), gain[fr.emitter])
-    ret.flags = detection_flags(p, em, ticks, fr, ech.s[r], rng)
+    ret.intensity = intensity_from(p, peak_s, rng, wp.abs(wp.dot(signal_normal(geo, p, h), dk)), gain[fr.emitter])
+    ret.flags = detection_flags(p, em, ticks, fr, peak_s, rng)
     ret.coords = coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
     if (p.want & WANT_NORMAL) != 0:
         ret.normal = to_output(p, h.normal, of)
     if (p.want & WANT_VELOCITY) != 0:
         ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), of)
-    ret.tau = ech.tau[r]
-    ret.rep_s = ech.tau[r] * surface_signal(geo, p, h, dk, refl)
-    ret.peak_r = ech.r[r]
-    ret.peak_s = ech.s[r]
+    ret.tau = tau
+    if (p.want & WANT_DIFF) != 0:  # (only the differentiable pass reads it)
+        ret.rep_s = tau * surface_signal(geo, p, h, dk, refl)
+    ret.peak_r = peak_r
+    ret.peak_s = peak_s
     ret.noise = noise
     return ret
 
@@ -795,12 +939,14 @@ def lidar_fire_kernel(
     fire_slot: wp.array[wp.int32],
     n_slots: int,
     fposes: wp.array[FiringPose],
+    first: wp.array[wp.vec4],
     offset: int,
     out: Slots,
 ):
     """One firing, step by step (not differentiable; :func:`lidar_diff_kernel` recomputes the differentiable values
     from the surfaces chosen here). Its poses come from :func:`firing_pose_kernel`'s table (``fire_slot``: the
-    firing-time slot of each emitter-table entry)."""
+    firing-time slot of each emitter-table entry); ``first``: each firing's static first surface from
+    :func:`lidar_first_kernel` (empty: none, every ray traced here)."""
     f = wp.tid() + offset
     base = f * p.max_returns
     clear_slots(out, base, p.max_returns)
@@ -810,20 +956,90 @@ def lidar_fire_kernel(
     write_identity(out, base, p.max_returns, em, ticks, fr)
     fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
     ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
-    ech = find_echoes(geo, p, ray, fr.time, refl, trans)
+    w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
+    if first.shape[0] > 0:
+        w = first[f]
+    ech, srf = find_echoes(geo, p, ray, fr.time, refl, trans, w)
     of = fp.frame
     of.custom = custom
     for r in range(p.max_returns):
         written = int(0)
         if r < ech.n:
-            h, k, dk = echo_surface(geo, p, ray, fr.time, ech, r)
+            h, k, dk = echo_surface(geo, p, ray, fr.time, ech.first, ech.code[r], ech.rep_r[r], r, srf.face[r],
+                                    srf.inst[r], srf.u[r], srf.v[r], wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]))
             if h.face >= 0:
                 noise = return_noise(p, ticks, fr, r)
-                ret = measure_return(geo, p, em, ticks, fr, ray, of, ech, r, h, k, dk, noise, refl, gain)
+                ret = measure_return(geo, p, em, ticks, fr, ray, of, ech.r[r], ech.s[r], ech.tau[r], r, h, k, dk,
+                                     noise, refl, gain)
                 write_return(p, out, base + r, ret, obj_hash, part_number)
                 written = 1
         if written == 0:
             write_blank(p, out, base + r)
+
+
+#: Firings a thread of :func:`lidar_first_kernel` traces together.
+FIRST_PACKET = wp.constant(16)
+#: ``first[f][1]`` of a firing whose static surface :func:`lidar_first_kernel` did not find (the fire kernel traces
+#: it over its whole range); a slot's int32 bits as a float are never negative, a miss is −1.
+FIRST_UNKNOWN = wp.constant(-2.0)
+
+
+@wp.kernel(enable_backward=False)
+def lidar_first_kernel(
+    geo: SceneGeo,
+    p: LidarParams,
+    em: EmitterTable,
+    ticks: TickTable,
+    fire_slot: wp.array[wp.int32],
+    n_slots: int,
+    fposes: wp.array[FiringPose],
+    poses: wp.array[wp.transform],
+    order: wp.array[wp.int32],
+    n: int,
+    offset: int,
+    first: wp.array[wp.vec4],
+):
+    """The static surface the first ray of firings ``order[FIRST_PACKET · tid + k]`` meets (IDEALIZED, CPU, wide
+    BVH): the group's rays — one emitter over consecutive ticks of a spinning head, neighbours of one row of a solid
+    state's grid: origins millimetres apart, directions tenths of a degree — traverse the static 8-wide BVH as one
+    multi-origin packet (:func:`wsim.kernels.packet.wide_packet_from`, each ray's own result bit for bit) over the
+    first ``PACKET_REACH`` metres. ``first[f]`` = (t, slot, u, v) as :func:`wsim.kernels.widebvh.wide_closest` finds
+    it over the whole range, or ``FIRST_UNKNOWN`` in ``[1]``: not within the reach, or the group's rays are not
+    within ``PACKET_COS`` of one direction and octant (such a packet would cost more than its rays alone)."""
+    s = (wp.tid() + offset) * FIRST_PACKET
+    m = wp.min(FIRST_PACKET, n - s)
+    orgs = mat64x3()
+    dirs = mat64x3()
+    lo = vec64f()
+    hi = vec64f()
+    reach = wp.min(p.far, PACKET_REACH)
+    d0 = wp.vec3(0.0, 0.0, 0.0)
+    active = int(0)
+    coherent = int(1)
+    for k in range(m):
+        f = order[s + k]
+        first[f] = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
+        fr = schedule(p, em, ticks, f)
+        if fr.fires != 0:
+            fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
+            ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
+            d = ray.dir
+            for a in range(3):
+                orgs[k, a] = ray.origin[a]
+                dirs[k, a] = d[a]
+            hi[k] = reach
+            if active == 0:
+                d0 = d
+            elif wp.dot(d, d0) < PACKET_COS or d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or d[2] * d0[2] <= 0.0:
+                coherent = 0
+            active += 1
+    if active < 2 or coherent == 0:
+        return
+    res = wide_packet_from(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, orgs,
+                           dirs, lo, hi, m)
+    for k in range(m):
+        if hi[k] > 0.0 and (res[k, 1] >= 0.0 or reach >= p.far):
+            first[order[s + k]] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
 
 
 @wp.kernel(enable_backward=False)

@@ -178,6 +178,15 @@ class Contributions:
     s: vec64f
     code: vec64i
     tau: vec64f
+    # each surface's record by code (not by range order): face, instance (−1: static), barycentrics, unit normal;
+    # with its range it rebuilds the surface's Hit (trace.hit_record) without a second query
+    face: vec64i
+    inst: vec64i
+    u: vec64f
+    v: vec64f
+    nx: vec64f
+    ny: vec64f
+    nz: vec64f
 
 
 @wp.struct
@@ -198,15 +207,29 @@ class Peaks:
 @wp.struct
 class Echoes:
     """Echoes of one firing in EchoId order: range [m], signal, code and weight·τ of the representative surface
-    (see :class:`Contributions`); ``first`` is an idealized ray's first surface (not traced again)."""
+    (see :class:`Contributions`); ``first`` is an idealized ray's first surface."""
 
     n: wp.int32
     r: vec8f
     s: vec8f
     code: vec8i
     tau: vec8f
-    rep_r: vec8f  # the representative surface's distance along its (sub-)ray [m], which bounds its re-finding
+    rep_r: vec8f  # the representative surface's distance along its (sub-)ray [m]
     first: Hit
+
+
+@wp.struct
+class EchoSurfaces:
+    """A beam's echoes' representative surfaces, in EchoId order, as :class:`Contributions` records them: face,
+    instance (−1: static), barycentrics, unit normal (with :class:`Echoes` ``rep_r``, their Hit records)."""
+
+    face: vec8i
+    inst: vec8i
+    u: vec8f
+    v: vec8f
+    nx: vec8f
+    ny: vec8f
+    nz: vec8f
 
 
 @wp.struct

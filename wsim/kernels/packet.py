@@ -356,3 +356,19 @@ def wide_packet(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[
     that start point, slot, u, v), slot −1 for a miss. A ray with ``t_max[k] <= t_min[k]`` is inactive (a miss, at
     no cost); rows >= n are misses. CPU only: on CUDA every row is a miss."""
     ...
+
+
+_PACKET_FROM = _PACKET.replace("const vec3 o = add(org, mul(d, t_min.c[k]));",
+                               "const vec3 o = add(vec3(orgs.data[k][0], orgs.data[k][1], orgs.data[k][2]), "
+                               "mul(d, t_min.c[k]));")
+
+
+@wp.func_native(_PACKET_FROM)
+def wide_packet_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
+                     v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], orgs: mat64x3,
+                     dirs: mat64x3, t_min: vec64f, t_max: vec64f, n: int) -> mat64x4:
+    """:func:`wide_packet` with an origin per ray (row k of ``orgs`` [m]): rays from nearby points along nearby
+    directions (one lidar emitter over consecutive ticks of a moving sensor). Row k of the result is exactly
+    :func:`wsim.kernels.widebvh.wide_closest` of ``orgs[k] + dirs[k]·t_min[k]`` along ``dirs[k]`` over
+    ``t_max[k] − t_min[k]``. CPU only: on CUDA every row is a miss."""
+    ...

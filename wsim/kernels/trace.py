@@ -226,20 +226,23 @@ def _wide_nearest(geo: SceneGeo, t_min: float, t_max: float, w: wp.vec4) -> Near
 
 @wp.func(inline=True)
 def _hit_of(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, time: float, b: Nearest) -> Hit:
-    best_t = b.t
-    best_face = b.face
-    best_inst = b.inst
-    bu = b.u
-    bv = b.v
-    bn = b.n
-    if best_face < 0:
+    if b.face < 0:
         h = miss()
         h.time = time
         return h
+    return hit_record(geo, origin, direction, time, b.t, b.face, b.inst, b.u, b.v, wp.normalize(b.n))
+
+
+@wp.func(inline=True)
+def hit_record(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, time: float, best_t: float, best_face: int,
+               best_inst: int, bu: float, bv: float, normal: wp.vec3) -> Hit:
+    """The Hit record of a surface found along ``origin + t·direction`` at ``time`` [s]: distance ``best_t`` [m],
+    face, instance (−1: static), barycentrics and unit world ``normal``, as :func:`closest_hit` returns it (the
+    same bits, given the fields of a Hit it returned)."""
     h = Hit()
     h.t = best_t
     h.point = origin + direction * best_t
-    h.normal = wp.normalize(bn)
+    h.normal = normal
     h.face = best_face
     h.instance = best_inst
     h.u = bu

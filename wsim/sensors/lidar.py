@@ -41,6 +41,11 @@ MAX_SCENE_TIME_S = 1e7
 #: traversal of the 8-wide BVH (:mod:`wsim.kernels.packet`), bit-identical to tracing them one by one; False (or
 #: ``WSIM_BEAM_PACKETS=0``) traces them one by one. CUDA always traces them one by one.
 BEAM_PACKETS = os.environ.get("WSIM_BEAM_PACKETS", "1") != "0"
+#: IDEALIZED first rays on the CPU (static scene on the 8-wide BVH) are traced 16 firings at a time as multi-origin
+#: packets (:func:`wsim.kernels.lidar.lidar_first_kernel`): one emitter over 16 consecutive ticks of a spinning head,
+#: 16 neighbours of one row of a solid state's grid; the same bits as one by one. ``WSIM_LIDAR_PACKETS=0`` traces
+#: every firing alone. CUDA always traces them one by one.
+FIRST_PACKETS = os.environ.get("WSIM_LIDAR_PACKETS", "1") != "0"
 #: ISO 8855 sensor axes to the application's axes (wsim: the same axes).
 MODEL_TO_APP = np.eye(4, dtype=np.float32)
 
@@ -429,9 +434,16 @@ class Lidar:
                                                                   float(ref_time)], [fposes], device=d)
             if ov.get("rays"):
                 return self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
+            first = wp.empty(0, dtype=wp.vec4, device=d)
+            if FIRST_PACKETS and p.ray_type == K.RAY_IDEALIZED and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu:
+                first = wp.empty(n_fire, dtype=wp.vec4, device=d)
+                n_groups = -(-n_fire // int(K.FIRST_PACKET))
+                _launch.launch(K.lidar_first_kernel, n_groups,
+                               [geo.geo, p, em, tt, fire_slot, n_fs, fposes, poses, self._first_order(n_ticks), n_fire],
+                               [first], device=d)
             _launch.launch(K.lidar_fire_kernel, n_fire,
                            [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
-                            refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes],
+                            refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes, first],
                            [slots], device=d)
         pc, src = self._compact(slots, n_slots, chans, p.want, frame, start_pose, end_pose, comp_ref)
         if not requires_grad:  # (a tape keeps reading its render's slots)
@@ -540,6 +552,27 @@ class Lidar:
             fire_slot = np.concatenate([inv.reshape(-1) for _, inv in per_state]).astype(np.int32)
             self._emitters[key] = (wp.array(fire_slot, dtype=wp.int32, device=self.device),
                                    wp.array(slot_ns.reshape(-1), dtype=wp.int32, device=self.device), n)
+        return self._emitters[key]
+
+    def _first_order(self, n_ticks: int) -> wp.array:
+        """The firings of ``n_ticks`` ticks in the order :func:`wsim.kernels.lidar.lidar_first_kernel` groups them
+        (16 at a time): spinning, each emitter over 16 consecutive ticks; solid state, each tick's emitters by
+        elevation, then azimuth (state 0's table), so that a group is a run along one row of the grid."""
+        key = ("first_order", str(self.device), n_ticks)  # (a step holds one of a few tick counts)
+        if key in self._emitters:
+            return self._emitters[key]
+        c, g = self.config, int(K.FIRST_PACKET)
+        ne = c.number_of_emitters
+        fire = np.arange(n_ticks * ne, dtype=np.int64).reshape(n_ticks, ne)
+        if c.scan_type is ScanType.ROTARY:
+            nb = n_ticks // g
+            head = fire[:nb * g].reshape(nb, g, ne).transpose(0, 2, 1).reshape(-1)
+            order = np.concatenate([head, fire[nb * g:].T.reshape(-1)])
+        else:
+            st = c.emitter_states[0]
+            row = np.lexsort((np.asarray(st.azimuth_deg, np.float64), np.asarray(st.elevation_deg, np.float64)))
+            order = fire[:, row].reshape(-1)
+        self._emitters[key] = wp.array(order.astype(np.int32), dtype=wp.int32, device=self.device)
         return self._emitters[key]
 
     def _gain_array(self) -> wp.array:
