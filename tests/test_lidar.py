@@ -542,6 +542,53 @@ def test_beam_packets_equal_sub_rays_traced_one_by_one(device, ray_type, cars, m
     assert car.sum() > 10 and (one["EchoId"] == 1).sum() > 100  # the car and the glass were seen
 
 
+def _room_with_cars(cars: int):
+    """The glass room with a car driving past the sensor and ``cars - 1`` parked around the room."""
+    scene = _glass_room()
+    bp, bf = box_mesh([-2, -1, -1], [2, 1, 1])
+    scene.parts.append(Part("/World/Car/body", material=1, semantic_class=scene.semantic_class_index("car")))
+    scene.prototypes.append(MeshData(bp, bf, len(scene.parts) - 1))
+    for k in range(cars):
+        a = 2 * np.pi * k / cars
+        p0 = [6, -4, -1.0] if k == 0 else [18 * np.cos(a), 14 * np.sin(a), -1.0 + 0.3 * (k % 3)]
+        p1 = [6, 4, -1.0] if k == 0 else p0
+        scene.instances.append(Instance(0, [0.0, 1.0], [p0, p1], [quat_from_axis_angle([0, 0, 1], a)] * 2,
+                                        object_id=9 + k, name=f"/World/Car{k}"))
+    return scene
+
+
+@pytest.mark.parametrize("sensor", ["rotary", "solid", "PANDAR128", "AT128"])
+def test_idealized_first_packets_equal_firings_traced_one_by_one(device, sensor, monkeypatch):
+    """On the CPU an IDEALIZED lidar's first rays are traced 16 firings at a time as multi-origin packets (one
+    emitter over 16 ticks of a moving, spinning head; 16 neighbours along a row of a solid state's grid): every
+    channel is bit-identical to tracing each firing alone (glass pane: second echoes; moving and parked cars:
+    instances; the room's edges and corners: shared-edge and grazing hits; the presets' real angle, offset and
+    timing tables; a tick count that is no multiple of 16)."""
+    import wsim.sensors.lidar as lidar_module
+
+    scene = _room_with_cars(6)
+    traj = Trajectory([0.0, 1.0], [[0, 0, 0], [3.0, 0.5, 0]], [quat_from_axis_angle([0, 0, 1], a) for a in (0.0, 0.3)])
+    if sensor == "rotary":
+        cfg = rotary(n_el=16, ticks=725, max_returns=2, include_invalid_points=True)
+    elif sensor == "solid":
+        az, el = np.meshgrid(np.linspace(-40, 40, 161), np.linspace(-12, 12, 25))
+        cfg = solid_state(az.reshape(-1), el.reshape(-1), max_returns=2, elements_coords_type="SPHERICAL")
+    else:
+        cfg = Lidar.preset(sensor).config
+        cfg.max_returns = 2
+
+    def render(packets: bool) -> dict:
+        monkeypatch.setattr(lidar_module, "FIRST_PACKETS", packets)
+        return Lidar(config=cfg, scene=scene, trajectory=traj, device=device).render(0.05, 0.15).numpy()
+
+    one, packed = render(False), render(True)
+    assert set(one) == set(packed)
+    for k in one:
+        np.testing.assert_array_equal(packed[k], one[k], err_msg=k)
+    assert (one["SemanticId"] == scene.semantic_class_index("car")).sum() > 10  # the cars were seen
+    assert (one["EchoId"] == 1).sum() > 10  # and through the glass
+
+
 def test_noise_is_keyed_by_firing_whatever_the_slicing_or_threads(device, monkeypatch):
     """Noise is drawn per (seed, scan, tick, emitter, echo): partialOutputs slices, the whole scan and any thread
     count deliver bit-identical returns, noise included."""

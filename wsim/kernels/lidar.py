@@ -638,10 +638,9 @@ def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, fir
     culled past it); a beam's echo has its Hit rebuilt from the record the walk kept (face, instance, barycentrics,
     unit normal ``n``: :class:`EchoSurfaces`), without a second query."""
     if p.ray_type == RAY_IDEALIZED:
-        h = first
-        if r > 0:
-            h = nth_hit(geo, ray.origin, ray.dir, code, wp.min(p.far, rep_r * 1.001 + 1.0e-3), time)
-        return h, 0, ray.dir
+        if r == 0:
+            return first, 0, ray.dir
+        return nth_hit(geo, ray.origin, ray.dir, code, wp.min(p.far, rep_r * 1.001 + 1.0e-3), time), 0, ray.dir
     k = code // p.hits_per_subray
     dk = subray_dir(ray.dir, k, p)
     return hit_record(geo, ray.origin, dk, time, rep_r, face, inst, u, v, n), k, dk
@@ -920,6 +919,24 @@ def write_return(p: LidarParams, out: Slots, slot: int, ret: Return, obj_hash: w
     out.noise[slot] = ret.noise
 
 
+@wp.func(inline=True)
+def deliver_echo(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, ray: FiringRay,
+                 of: OutputFrame, first: Hit, r: int, code: int, rep_r: float, peak_r: float, peak_s: float,
+                 tau: float, face: int, inst: int, u: float, v: float, n: wp.vec3, refl: wp.array[float],
+                 gain: wp.array[float], obj_hash: wp.array[wp.vec3ui], part_number: wp.array[wp.uint32], out: Slots,
+                 slot: int):
+    """Steps 6–8 for echo r (its :class:`Echoes` and :class:`EchoSurfaces` entries): its return into ``slot``, or
+    a blank one where its surface is not found again. (Early returns, no struct chosen after a branch: Warp
+    copies a struct assigned under a condition once more.)"""
+    h, k, dk = echo_surface(geo, p, ray, fr.time, first, code, rep_r, r, face, inst, u, v, n)
+    if h.face < 0:
+        write_blank(p, out, slot)
+        return
+    noise = return_noise(p, ticks, fr, r)
+    write_return(p, out, slot, measure_return(geo, p, em, ticks, fr, ray, of, peak_r, peak_s, tau, r, h, k, dk,
+                                              noise, refl, gain), obj_hash, part_number)
+
+
 # ---------------------------------------------------------------------------------------------------- kernels
 @wp.kernel(enable_backward=False)
 def lidar_fire_kernel(
@@ -963,17 +980,11 @@ def lidar_fire_kernel(
     of = fp.frame
     of.custom = custom
     for r in range(p.max_returns):
-        written = int(0)
         if r < ech.n:
-            h, k, dk = echo_surface(geo, p, ray, fr.time, ech.first, ech.code[r], ech.rep_r[r], r, srf.face[r],
-                                    srf.inst[r], srf.u[r], srf.v[r], wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]))
-            if h.face >= 0:
-                noise = return_noise(p, ticks, fr, r)
-                ret = measure_return(geo, p, em, ticks, fr, ray, of, ech.r[r], ech.s[r], ech.tau[r], r, h, k, dk,
-                                     noise, refl, gain)
-                write_return(p, out, base + r, ret, obj_hash, part_number)
-                written = 1
-        if written == 0:
+            deliver_echo(geo, p, em, ticks, fr, ray, of, ech.first, r, ech.code[r], ech.rep_r[r], ech.r[r], ech.s[r],
+                         ech.tau[r], srf.face[r], srf.inst[r], srf.u[r], srf.v[r],
+                         wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]), refl, gain, obj_hash, part_number, out, base + r)
+        else:
             write_blank(p, out, base + r)
 
 
