@@ -35,7 +35,7 @@ from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_from
 from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Listed, SceneGeo, closest_hit,
                     closest_hit_given, closest_hit_listed, cone_instances, continue_past, hit_distance, hit_record,
-                    miss, point_velocity, shading_normal)
+                    listed_packet, miss, nearest_hit, point_velocity, shading_normal)
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
@@ -436,12 +436,27 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                           ray.origin, dirs, lo, hi, p.beam_n)
         more = int(0)
+        # depth 0, the instances listed: each traversed once by the sub-rays entering its box
+        lt = vec64f()
+        lf = vec64i()
+        li = vec64i()
+        lu = vec64f()
+        lv = vec64f()
+        lnx = vec64f()
+        lny = vec64f()
+        lnz = vec64f()
+        if depth == 0 and listed.n >= 0:
+            lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, p.far, time, res,
+                                                              listed)
         for k in range(p.beam_n):
             if found[k] == depth and hi[k] > 0.0:
                 dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
                 wk = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
                 h = miss()
-                if depth == 0:
+                if depth == 0 and listed.n >= 0:
+                    h = nearest_hit(geo, ray.origin, dk, time, lt[k], lf[k], li[k], lu[k], lv[k],
+                                    wp.vec3(lnx[k], lny[k], lnz[k]))
+                elif depth == 0:
                     h = closest_hit_listed(geo, ray.origin, dk, p.far, time, wk, listed)
                 else:
                     h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time, wk)

@@ -3,12 +3,11 @@ buffers the kernels write, and the records one firing passes between its steps (
 
 import warp as wp
 
+from .packet import PACKET, vec64f, vec64i
 from .trace import Hit
 
-MAX_CONTRIB = 64  # beam contributions per firing (sub-rays × surfaces per sub-ray)
+MAX_CONTRIB = PACKET  # beam contributions per firing (sub-rays × surfaces per sub-ray): 64, a packet's rays
 MAX_ECHOES = 8  # echoes per firing (LidarConfig.max_returns <= 8)
-vec64f = wp.types.vector(length=MAX_CONTRIB, dtype=float)
-vec64i = wp.types.vector(length=MAX_CONTRIB, dtype=wp.int32)
 vec8f = wp.types.vector(length=MAX_ECHOES, dtype=float)
 vec8i = wp.types.vector(length=MAX_ECHOES, dtype=wp.int32)
 

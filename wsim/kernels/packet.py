@@ -22,6 +22,7 @@ import warp as wp
 #: Rays per packet at most.
 PACKET = 64
 vec64f = wp.types.vector(length=PACKET, dtype=float)
+vec64i = wp.types.vector(length=PACKET, dtype=wp.int32)
 mat64x3 = wp.types.matrix(shape=(PACKET, 3), dtype=float)
 mat64x4 = wp.types.matrix(shape=(PACKET, 4), dtype=float)
 
@@ -371,4 +372,21 @@ def wide_packet_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.a
     directions (one lidar emitter over consecutive ticks of a moving sensor). Row k of the result is exactly
     :func:`wsim.kernels.widebvh.wide_closest` of ``orgs[k] + dirs[k]·t_min[k]`` along ``dirs[k]`` over
     ``t_max[k] − t_min[k]``. CPU only: on CUDA every row is a miss."""
+    ...
+
+
+_PACKET_AT = _PACKET.replace("const vec3 o = add(org, mul(d, t_min.c[k]));",
+                             "const vec3 o = vec3(orgs.data[k][0], orgs.data[k][1], orgs.data[k][2]);").replace(
+    "int ref = 0, slot = 0;", "int ref = root, slot = 0;")
+
+
+@wp.func_native(_PACKET_AT)
+def wide_packet_at(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
+                   v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int, orgs: mat64x3, dirs: mat64x3,
+                   t_min: vec64f, t_max: vec64f, n: int) -> mat64x4:
+    """Rays ``k < n`` starting at ``orgs[k]`` exactly [m] along ``dirs[k]``, each over ``t_max[k] − t_min[k]``
+    from there, through the 8-wide tree at node ``root`` of a pool of trees (an instance prototype's, in its local
+    frame). Row k is exactly :func:`wsim.kernels.widebvh.wide_closest_from` of that ray alone (``org`` = ``orgs[k]``,
+    ``max_t`` = ``t_max[k] − t_min[k]``): (t, slot, u, v), slot −1 for a miss. CPU only: on CUDA every row is a
+    miss."""
     ...

@@ -6,7 +6,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 
 import warp as wp
 
-from .packet import mat64x3, vec64f, wide_packet
+from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet, wide_packet_at
 from .pose import difference_window, sample_keys
 from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
@@ -342,6 +342,111 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
         idx = listed.idx[j]
         if ray_box_entry(origin, rcp, geo.inst_lo[idx], geo.inst_hi[idx], b.t) != 0:
             b = _try_instance(geo, idx, origin, direction, 0.0, time, b)
+    return _hit_of(geo, origin, direction, time, b)
+
+
+@wp.func(inline=True)
+def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: float, time: float, res: mat64x4,
+                  listed: Listed):
+    """:func:`closest_hit_listed` for rays ``k < n`` from ``origin`` along unit ``dirs[k]`` (a beam's sub-rays, in
+    the cone ``listed`` was made for; ``listed.n`` >= 0), ``res[k]`` their static answers (a packet traversal's):
+    each listed instance is traversed once, in the same order, by the rays that enter its box, as one packet through
+    its prototype's 8-wide tree in its local frame (:func:`wsim.kernels.packet.wide_packet_at`, each ray's own
+    result), with the very arithmetic of :func:`_try_instance`. Per ray the nearest surface: distance [m], face,
+    instance (−1: static; face −1: none), barycentrics u, v and the unnormalised world normal's components — for
+    :func:`nearest_hit`, the same bits as :func:`closest_hit_listed` ray by ray."""
+    bt = vec64f()
+    bf = vec64i()
+    bi = vec64i()
+    bu = vec64f()
+    bv = vec64f()
+    nx = vec64f()
+    ny = vec64f()
+    nz = vec64f()
+    for k in range(n):
+        b = _wide_nearest(geo, 0.0, t_max, wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
+        bt[k] = b.t
+        bf[k] = b.face
+        bi[k] = b.inst
+        bu[k] = b.u
+        bv[k] = b.v
+        nx[k] = b.n[0]
+        ny[k] = b.n[1]
+        nz[k] = b.n[2]
+    orgs = mat64x3()
+    lds = mat64x3()
+    lo = vec64f()
+    for j in range(listed.n):
+        idx = listed.idx[j]
+        hi = vec64f()
+        meets = int(0)
+        for k in range(n):
+            d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+            rcp = wp.vec3(1.0 / d[0], 1.0 / d[1], 1.0 / d[2])
+            if ray_box_entry(origin, rcp, geo.inst_lo[idx], geo.inst_hi[idx], bt[k]) != 0:
+                hi[k] = bt[k] - 0.0
+                meets += 1
+        if meets == 0:
+            continue
+        xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
+                         geo.inst_key_count[idx], time)
+        inv = wp.quat_inverse(xf.rot)
+        root = geo.inst_wide_root[idx]
+        for k in range(n):
+            if hi[k] > 0.0:
+                d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+                lo_k = wp.cw_div(wp.quat_rotate(inv, (origin + d * 0.0) - xf.pos), xf.scale)
+                ld_k = wp.cw_div(wp.quat_rotate(inv, d), xf.scale)
+                for c in range(3):
+                    orgs[k, c] = lo_k[c]
+                    lds[k, c] = ld_k[c]
+        if root >= 0:
+            w = wide_packet_at(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0, geo.proto_wide_v1,
+                               geo.proto_wide_v2, geo.proto_wide_fid, root, orgs, lds, lo, hi, n)
+            for k in range(n):
+                if hi[k] > 0.0 and w[k, 1] >= 0.0:
+                    s = wide_slot(w[k, 1])
+                    bt[k] = 0.0 + w[k, 0]
+                    bf[k] = geo.proto_wide_fid[s]
+                    bi[k] = idx
+                    bu[k] = w[k, 2]
+                    bv[k] = w[k, 3]
+                    p0 = geo.proto_wide_v0[s]
+                    ln = wp.normalize(wp.cross(geo.proto_wide_v1[s] - p0, geo.proto_wide_v2[s] - p0))
+                    nw = wp.quat_rotate(xf.rot, wp.cw_div(ln, xf.scale))
+                    nx[k] = nw[0]
+                    ny[k] = nw[1]
+                    nz[k] = nw[2]
+        else:
+            for k in range(n):
+                if hi[k] > 0.0:
+                    q = wp.mesh_query_ray(geo.inst_mesh[idx], wp.vec3(orgs[k, 0], orgs[k, 1], orgs[k, 2]),
+                                          wp.vec3(lds[k, 0], lds[k, 1], lds[k, 2]), bt[k] - 0.0)
+                    if q.result:
+                        bt[k] = 0.0 + q.t
+                        bf[k] = q.face
+                        bi[k] = idx
+                        bu[k] = q.u
+                        bv[k] = q.v
+                        nw = wp.quat_rotate(xf.rot, wp.cw_div(q.normal, xf.scale))
+                        nx[k] = nw[0]
+                        ny[k] = nw[1]
+                        nz[k] = nw[2]
+    return bt, bf, bi, bu, bv, nx, ny, nz
+
+
+@wp.func(inline=True)
+def nearest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, time: float, t: float, face: int, inst: int,
+                u: float, v: float, n: wp.vec3) -> Hit:
+    """The Hit record of a nearest surface as :func:`listed_packet` gives it (face −1: a miss), as
+    :func:`closest_hit` builds it."""
+    b = Nearest()
+    b.t = t
+    b.face = face
+    b.inst = inst
+    b.u = u
+    b.v = v
+    b.n = n
     return _hit_of(geo, origin, direction, time, b)
 
 
