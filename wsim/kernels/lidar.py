@@ -402,7 +402,8 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     """:func:`walk_beam` depth by depth (CPU, static scene on the 8-wide BVH): every sub-ray's first static
     surface in one packet traversal, then the sub-rays that went through a transmissive surface in one more packet
     from just past it (:func:`wsim.kernels.packet.wide_packet` over per-ray ranges: each ray's own query, bit for
-    bit), the instances ray by ray (listed once for the beam's cone at depth 0); then the contributions are inserted
+    bit), at depth 0 the instances listed once for the beam's cone as packets (:func:`wsim.kernels.trace.listed_packet`;
+    too many to list: ray by ray through the top level), then the contributions are inserted
     in :func:`walk_beam`'s order, so equal ranges rank alike. The same bits as :func:`walk_beam`."""
     hps = p.hits_per_subray
     dirs = mat64x3()
@@ -432,34 +433,24 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     listed.n = -1
     if geo.num_instances > 0:  # the instances the beam may meet, listed once
         listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)
+    # depth 0: the static packet, then the instances listed, each traversed once by the sub-rays entering its box
+    # (none listed and no instances: the static answers alone); too many to list: ray by ray through the top level
+    res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                      ray.origin, dirs, lo, hi, p.beam_n)
+    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, p.far, time, res, listed)
+    top = listed.n < 0 and geo.num_instances > 0
     for depth in range(hps):
-        res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                          ray.origin, dirs, lo, hi, p.beam_n)
         more = int(0)
-        # depth 0, the instances listed: each traversed once by the sub-rays entering its box
-        lt = vec64f()
-        lf = vec64i()
-        li = vec64i()
-        lu = vec64f()
-        lv = vec64f()
-        lnx = vec64f()
-        lny = vec64f()
-        lnz = vec64f()
-        if depth == 0 and listed.n >= 0:
-            lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, p.far, time, res,
-                                                              listed)
         for k in range(p.beam_n):
             if found[k] == depth and hi[k] > 0.0:
                 dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-                wk = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
                 h = miss()
-                if depth == 0 and listed.n >= 0:
+                if depth == 0 and not top:
                     h = nearest_hit(geo, ray.origin, dk, time, lt[k], lf[k], li[k], lu[k], lv[k],
                                     wp.vec3(lnx[k], lny[k], lnz[k]))
-                elif depth == 0:
-                    h = closest_hit_listed(geo, ray.origin, dk, p.far, time, wk, listed)
-                else:
-                    h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time, wk)
+                else:  # lo[k] = 0 at depth 0
+                    h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time,
+                                          wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
                 hi[k] = 0.0  # done, unless it goes on through this surface
                 lo[k] = 0.0
                 if h.face >= 0:
@@ -484,6 +475,8 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
                         more = 1
         if more == 0:
             break
+        res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                          ray.origin, dirs, lo, hi, p.beam_n)
     cr = vec64f()
     cs = vec64f()
     cc = vec64i()
