@@ -9,7 +9,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
 3. beam sub-rays — :func:`beam_offset`, :func:`subray_dir`: the footprint's sub-rays and their weights;
 4. surface walk — :func:`walk_idealized`, :func:`walk_beam`: the surfaces along each (sub-)ray, continuing through
    transmissive materials;
-5. echo merge — :func:`merge_peaks`, :func:`rank_peaks`: beam contributions merged into peaks, strongest first;
+5. echo merge — :func:`ranked_echoes` (:func:`merge_peaks` for the gradients): beam contributions merged into
+   peaks, strongest first;
 6. detection and intensity — :func:`echo_surface`, :func:`return_noise` (keyed by the return, not the launch),
    :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
@@ -34,7 +35,7 @@ from .lidar_types import (  # noqa: F401
 from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_from
 from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Listed, SceneGeo, closest_hit,
-                    closest_hit_given, closest_hit_listed, cone_instances, continue_past, hit_distance, hit_record,
+                    closest_hit_given, cone_instances, continue_past, hit_distance, hit_record,
                     listed_packet, miss, nearest_hit, point_velocity, shading_normal)
 
 
@@ -328,10 +329,18 @@ def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
 def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
               trans: wp.array[float]) -> Contributions:
     """Every sub-ray's surfaces (up to hits_per_subray each, through transmissive ones) as contributions
-    w·τ·ρ·|cos θ|/r², kept sorted by range (insertion; equal ranges in arrival order), sub-ray by sub-ray, each
-    surface after the one before it. ``p.packet``: :func:`walk_beam_packets`, the same contributions."""
+    w·τ·ρ·|cos θ|/r², sorted by range (equal ranges in arrival order): :func:`walk_beam_rays`, or with
+    ``p.packet`` :func:`walk_beam_packets`, the same contributions."""
     if p.packet != 0:
         return walk_beam_packets(geo, p, ray, time, refl, trans)
+    return walk_beam_rays(geo, p, ray, time, refl, trans)
+
+
+@wp.func(inline=True)
+def walk_beam_rays(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                   trans: wp.array[float]) -> Contributions:
+    """:func:`walk_beam` sub-ray by sub-ray, each surface after the one before it, kept sorted by range
+    (insertion)."""
     hps = p.hits_per_subray
     cr = vec64f()
     cs = vec64f()
@@ -411,16 +420,10 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     hi = vec64f()
     tau = vec64f()
     found = vec64i()  # surfaces found so far per sub-ray
-    r_of = vec64f()  # by code: range, signal, weight·τ, surface record
+    r_of = vec64f()  # by code: range, signal, weight·τ (the surface records straight into c)
     s_of = vec64f()
     t_of = vec64f()
-    face = vec64i()
-    inst = vec64i()
-    su = vec64f()
-    sv = vec64f()
-    nx = vec64f()
-    ny = vec64f()
-    nz = vec64f()
+    c = Contributions()
     bh = beam_h(ray.dir)
     for k in range(p.beam_n):
         dk = subray_in(ray.dir, bh, k, p)
@@ -459,13 +462,13 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
                     r_of[code] = h.t
                     s_of[code] = w * tau[k] * surface_signal(geo, p, h, dk, refl)
                     t_of[code] = w * tau[k]
-                    face[code] = h.face
-                    inst[code] = h.instance
-                    su[code] = h.u
-                    sv[code] = h.v
-                    nx[code] = h.normal[0]
-                    ny[code] = h.normal[1]
-                    nz[code] = h.normal[2]
+                    c.face[code] = h.face
+                    c.inst[code] = h.instance
+                    c.u[code] = h.u
+                    c.v[code] = h.v
+                    c.nx[code] = h.normal[0]
+                    c.ny[code] = h.normal[1]
+                    c.nz[code] = h.normal[2]
                     found[k] = depth + 1
                     tr = trans[h.material]
                     if tr > 0.0 and depth + 1 < hps:  # from just past it, as continue_past
@@ -498,19 +501,11 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
                 cc[j + 1] = code
                 ct[j + 1] = t_of[code]
                 m += 1
-    c = Contributions()
     c.m = m
     c.r = cr
     c.s = cs
     c.code = cc
     c.tau = ct
-    c.face = face
-    c.inst = inst
-    c.u = su
-    c.v = sv
-    c.nx = nx
-    c.ny = ny
-    c.nz = nz
     return c
 
 
@@ -571,11 +566,15 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
 
 
 @wp.func(inline=True)
-def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
-    """Peaks as echoes, strongest signal first (EchoId 0 = strongest), capped at max_returns; each echo keeps its
-    strongest member as the representative surface."""
-    ps = pk.sum_s
-    pn = pk.count
+def ranked_echoes(p: LidarParams, c: Contributions) -> Echoes:
+    """The echoes of range-sorted contributions: :func:`merge_peaks`'s peaks, strongest signal first (EchoId 0 =
+    strongest; equal signals: the nearer peak first), capped at max_returns, each with its strongest member as the
+    representative surface. One pass: a peak, once its last member is in, takes its place among the strongest so
+    far (the same sums in the same order as :func:`merge_peaks`, no table of every peak)."""
+    cr = c.r
+    cs = c.s
+    cc = c.code
+    ct = c.tau
     ech = Echoes()
     r = vec8f()
     s = vec8f()
@@ -583,19 +582,53 @@ def rank_peaks(p: LidarParams, pk: Peaks) -> Echoes:
     taus = vec8f()
     rep = vec8f()
     n = int(0)
-    for _e in range(p.max_returns):
-        best = int(-1)
-        for q in range(pk.n):
-            if pn[q] > 0.0 and (best < 0 or ps[q] > ps[best]):
-                best = q
-        if best >= 0:
-            r[n] = peak_mean(pk.sum_sr[best], ps[best], pn[best], pk.sum_r[best])
-            s[n] = ps[best]
-            code[n] = pk.best_code[best]
-            taus[n] = pk.best_tau[best]
-            rep[n] = pk.best_r[best]
-            n += 1
-            pn[best] = 0.0
+    # the open peak: sums of signal·range, signal, members, range; its strongest member (signal, code, τ, range)
+    sum_sr = float(0.0)
+    sum_s = float(0.0)
+    count = float(0.0)
+    sum_r = float(0.0)
+    best_s = float(-1.0)
+    best_code = int(0)
+    best_tau = float(0.0)
+    best_r = float(0.0)
+    for j in range(c.m + 1):
+        close = j == c.m
+        if j > 0 and j < c.m:
+            close = cr[j] - peak_mean(sum_sr, sum_s, count, sum_r) > p.min_echo_dist
+        if close and j > 0:
+            i = n
+            while i > 0 and s[i - 1] < sum_s:
+                i -= 1
+            if i < p.max_returns:
+                k = wp.min(n, p.max_returns - 1)
+                while k > i:
+                    r[k] = r[k - 1]
+                    s[k] = s[k - 1]
+                    code[k] = code[k - 1]
+                    taus[k] = taus[k - 1]
+                    rep[k] = rep[k - 1]
+                    k -= 1
+                r[i] = peak_mean(sum_sr, sum_s, count, sum_r)
+                s[i] = sum_s
+                code[i] = best_code
+                taus[i] = best_tau
+                rep[i] = best_r
+                n = wp.min(n + 1, p.max_returns)
+            sum_sr = 0.0
+            sum_s = 0.0
+            count = 0.0
+            sum_r = 0.0
+            best_s = -1.0
+        if j < c.m:
+            sum_sr = sum_sr + cs[j] * cr[j]
+            sum_s = sum_s + cs[j]
+            count = count + 1.0
+            sum_r = sum_r + cr[j]
+            if cs[j] > best_s:
+                best_s = cs[j]
+                best_code = cc[j]
+                best_tau = ct[j]
+                best_r = cr[j]
     ech.n = n
     ech.r = r
     ech.s = s
@@ -622,7 +655,7 @@ def beam_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl
     """Steps 3–5 for a beam: its contributions merged and ranked into echoes, with each echo's representative
     surface (:class:`EchoSurfaces`)."""
     c = walk_beam(geo, p, ray, time, refl, trans)
-    ech = rank_peaks(p, merge_peaks(p, c))
+    ech = ranked_echoes(p, c)
     srf = EchoSurfaces()
     for r in range(ech.n):
         code = ech.code[r]

@@ -47,7 +47,7 @@ def peak_members(p: LidarParams, c: Contributions) -> vec64i:
 
 @wp.func
 def echo_peak(p: LidarParams, pk: Peaks, e: int) -> int:
-    """The peak :func:`rank_peaks` delivers as echo ``e`` (-1: none)."""
+    """The peak (of :func:`merge_peaks`) :func:`wsim.kernels.lidar.ranked_echoes` delivers as echo ``e`` (-1: none)."""
     ps = pk.sum_s
     pn = pk.count
     found = int(-1)
