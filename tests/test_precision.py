@@ -213,6 +213,27 @@ def test_slerp_host_mirror_matches_float64_and_device(device):
     assert _rotation_angle_between(out.numpy().astype(np.float64), host).max() < 2e-7
 
 
+def test_slerp_of_equal_keys_has_the_bits_of_the_general_path(device):
+    """Equal keys take a shortcut (no trigonometry); the antipodal key −q (a different quaternion, the same rotation)
+    takes the general path with Ω = 0 exactly: both must give the very same bits, at every fraction."""
+    rng = np.random.default_rng(11)
+    q = rng.normal(size=(500, 4))
+    q[:100] *= 10.0 ** rng.uniform(-3, 3, size=(100, 1))  # keys far from unit length too
+    q = q.astype(np.float32)
+    s = np.concatenate([[0.0, 1.0, 0.5, 1e-7, 1 - 2**-24], rng.uniform(size=495)]).astype(np.float32)
+
+    def run(q1):
+        out = wp.empty(len(s), dtype=wp.quat, device=device)
+        wp.launch(_slerp_kernel, len(s), [wp.array(q, dtype=wp.quat, device=device),
+                                          wp.array(q1, dtype=wp.quat, device=device),
+                                          wp.array(s, dtype=float, device=device)], [out], device=device)
+        return out.numpy()
+
+    same, antipodal = run(q), run(-q)
+    assert np.array_equal(same.view(np.uint32), antipodal.view(np.uint32))
+    np.testing.assert_allclose(same, q / np.linalg.norm(q, axis=1, keepdims=True), atol=2e-7)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # independence of the world origin
 

@@ -25,6 +25,10 @@ def quat_slerp_shortest(q0: wp.quat, q1: wp.quat, s: float) -> wp.quat:
     inputs (keys rounded to float32 are unit only to rounding) and the result are normalised.
     """
     p0 = wp.normalize(q0)
+    if q0 == q1:
+        # the same key rotation twice (a track that does not turn): Ω = 0, sinc(0) = 1, so the weights below are
+        # exactly 1 − s and s; the trigonometry is skipped, with the very same bits
+        return wp.normalize((1.0 - s) * p0 + s * p0)
     p1 = wp.normalize(q1)
     if wp.dot(p0, p1) < 0.0:
         p1 = -p1
