@@ -83,78 +83,106 @@ int cK[MAXC][8][3];                       // (kx, ky, kz) per lane
 int cUni[MAXC];                           // 1: every lane of the chunk has the same (kx, ky, kz)
 int cRay[MAXC][8];                        // the packet row of each lane, -1 for padding
 // frustum bounds per axis over the active rays: start range, 1/d ranges of the rays going + and −
-float slo[3] = {INFINITY, INFINITY, INFINITY}, shi[3] = {-INFINITY, -INFINITY, -INFINITY};
-float rpl[3], rph[3], fpl[3], fph[3], rnl[3], rnh[3], fnl[3], fnh[3];
+float slo[3], shi[3], rpl[3], rph[3], fpl[3], fph[3], rnl[3], rnh[3], fnl[3], fnh[3];
 int pos[3] = {0, 0, 0}, neg[3] = {0, 0, 0}, drop[3] = {0, 0, 0};
-for (int a = 0; a < 3; ++a) {
-    rpl[a] = INFINITY; rph[a] = -INFINITY; fpl[a] = INFINITY; fph[a] = -INFINITY;
-    rnl[a] = INFINITY; rnh[a] = -INFINITY; fnl[a] = INFINITY; fnh[a] = -INFINITY;
-}
+// the active rays (t_max > t_min; wide_closest misses the others) in packet order
+int act[64];
 int na = 0;
 for (int k = 0; k < N; ++k) {
     const float span = t_max.c[k] - t_min.c[k];
-    if (!(span > 0.0f)) continue;  // wide_closest misses: an inactive lane
-    const vec3 d = vec3(dirs.data[k][0], dirs.data[k][1], dirs.data[k][2]);
-    const vec3 o = add(org, mul(d, t_min.c[k]));
-    const int c = na >> 3, l = na & 7;
-    ++na;
-    const float r[3] = {d[0] == 0.0f ? INFINITY : 1.0f / d[0], d[1] == 0.0f ? INFINITY : 1.0f / d[1],
-                        d[2] == 0.0f ? INFINITY : 1.0f / d[2]};
-    int kz = fabsf(d[0]) > fabsf(d[1]) ? (fabsf(d[0]) > fabsf(d[2]) ? 0 : 2) : (fabsf(d[1]) > fabsf(d[2]) ? 1 : 2);
-    int kx = kz == 2 ? 0 : kz + 1;
-    int ky = kx == 2 ? 0 : kx + 1;
-    if (d[kz] < 0.0f) { int tmp = kx; kx = ky; ky = tmp; }
-    cOx[c][l] = o[0]; cOy[c][l] = o[1]; cOz[c][l] = o[2];
-    cDx[c][l] = d[0]; cDy[c][l] = d[1]; cDz[c][l] = d[2];
-    cRx[c][l] = r[0]; cRy[c][l] = r[1]; cRz[c][l] = r[2];
-    cFx[c][l] = r[0] * WIDEN; cFy[c][l] = r[1] * WIDEN; cFz[c][l] = r[2] * WIDEN;
-    cNx[c][l] = r[0] >= 0.0f ? 0 : -1; cNy[c][l] = r[1] >= 0.0f ? 0 : -1; cNz[c][l] = r[2] >= 0.0f ? 0 : -1;
-    cTM[c][l] = span;
-    cTF[c][l] = span * CULL;
-    cHF[c][l] = -1;
-    cHK[c][l] = -1;
-    cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
-    cSx[c][l] = d[kx] / d[kz]; cSy[c][l] = d[ky] / d[kz];
-    cOkx[c][l] = o[kx]; cOky[c][l] = o[ky]; cOkz[c][l] = o[kz];
-    cK[c][l][0] = kx; cK[c][l][1] = ky; cK[c][l][2] = kz;
-    cRay[c][l] = k;
-    for (int a = 0; a < 3; ++a) {
-        slo[a] = fmin_(slo[a], o[a]);
-        shi[a] = fmax_(shi[a], o[a]);
-        const float fa = r[a] * WIDEN;
-        if (!isfinite(r[a]) || !isfinite(fa)) drop[a] = 1;  // d = 0 (or nearly): this axis bounds nothing
-        else if (r[a] > 0.0f) {
-            pos[a] = 1;
-            rpl[a] = fmin_(rpl[a], r[a]); rph[a] = fmax_(rph[a], r[a]);
-            fpl[a] = fmin_(fpl[a], fa); fph[a] = fmax_(fph[a], fa);
-        } else {
-            neg[a] = 1;
-            rnl[a] = fmin_(rnl[a], r[a]); rnh[a] = fmax_(rnh[a], r[a]);
-            fnl[a] = fmin_(fnl[a], fa); fnh[a] = fmax_(fnh[a], fa);
-        }
-    }
+    if (span > 0.0f) act[na++] = k;
 }
 if (na == 0) return res;
 const int nc = (na + 7) >> 3;
-// padding lanes: copies of their chunk's first ray that can hit nothing (t_max = -1)
-for (int j = na; j < nc * 8; ++j) {
-    const int c = j >> 3, l = j & 7;
-    cOx[c][l] = cOx[c][0]; cOy[c][l] = cOy[c][0]; cOz[c][l] = cOz[c][0];
-    cDx[c][l] = cDx[c][0]; cDy[c][l] = cDy[c][0]; cDz[c][l] = cDz[c][0];
-    cRx[c][l] = cRx[c][0]; cRy[c][l] = cRy[c][0]; cRz[c][l] = cRz[c][0];
-    cFx[c][l] = cFx[c][0]; cFy[c][l] = cFy[c][0]; cFz[c][l] = cFz[c][0];
-    cNx[c][l] = cNx[c][0]; cNy[c][l] = cNy[c][0]; cNz[c][l] = cNz[c][0];
-    cTM[c][l] = -1.0f; cTF[c][l] = -1.0f; cHF[c][l] = -1; cHK[c][l] = -1; cHU[c][l] = 0.0f; cHV[c][l] = 0.0f;
-    cSx[c][l] = cSx[c][0]; cSy[c][l] = cSy[c][0];
-    cOkx[c][l] = cOkx[c][0]; cOky[c][l] = cOky[c][0]; cOkz[c][l] = cOkz[c][0];
-    cK[c][l][0] = cK[c][0][0]; cK[c][l][1] = cK[c][0][1]; cK[c][l][2] = cK[c][0][2];
-    cRay[c][l] = -1;
-}
-for (int c = 0; c < nc; ++c) {
-    int u = 1;
-    for (int l = 1; l < 8; ++l)
-        u &= cK[c][l][0] == cK[c][0][0] && cK[c][l][1] == cK[c][0][1] && cK[c][l][2] == cK[c][0][2];
-    cUni[c] = u;
+{
+    const vf VZ = 0.0f, VPI = INFINITY, VNI = -INFINITY, VONE = 1.0f, VM1 = -1.0f;
+    const vi IZ = 0, I1 = 1, I2 = 2;
+    vf aSL[3] = {VPI, VPI, VPI}, aSH[3] = {VNI, VNI, VNI};
+    vf aRPL[3] = {VPI, VPI, VPI}, aRPH[3] = {VNI, VNI, VNI}, aFPL[3] = {VPI, VPI, VPI}, aFPH[3] = {VNI, VNI, VNI};
+    vf aRNL[3] = {VPI, VPI, VPI}, aRNH[3] = {VNI, VNI, VNI}, aFNL[3] = {VPI, VPI, VPI}, aFNH[3] = {VNI, VNI, VNI};
+    vi aPos[3] = {IZ, IZ, IZ}, aNeg[3] = {IZ, IZ, IZ}, aDrop[3] = {IZ, IZ, IZ};
+    // a chunk of 8 lanes at a time, each lane set up exactly as wide_closest sets up its ray; a padding lane is a
+    // copy of its chunk's first ray that can hit nothing (t_max = -1)
+    for (int c = 0; c < nc; ++c) {
+        vf D[3], O[3], SP;
+        vi valid;
+        for (int l = 0; l < 8; ++l) {
+            const int j = c * 8 + l;
+            const int k = act[j < na ? j : c * 8];
+            const vec3 d = vec3(dirs.data[k][0], dirs.data[k][1], dirs.data[k][2]);
+            const vec3 o = add(org, mul(d, t_min.c[k]));
+            D[0][l] = d[0]; D[1][l] = d[1]; D[2][l] = d[2];
+            O[0][l] = o[0]; O[1][l] = o[1]; O[2][l] = o[2];
+            SP[l] = t_max.c[k] - t_min.c[k];
+            valid[l] = j < na ? -1 : 0;
+            cRay[c][l] = j < na ? k : -1;
+        }
+        vf R[3], W[3];
+        for (int a = 0; a < 3; ++a) {
+            R[a] = D[a] == VZ ? VPI : VONE / D[a];  // 1/d (+inf for 0)
+            W[a] = R[a] * WIDEN;
+        }
+        cOx[c] = O[0]; cOy[c] = O[1]; cOz[c] = O[2];
+        cDx[c] = D[0]; cDy[c] = D[1]; cDz[c] = D[2];
+        cRx[c] = R[0]; cRy[c] = R[1]; cRz[c] = R[2];
+        cFx[c] = W[0]; cFy[c] = W[1]; cFz[c] = W[2];
+        cNx[c] = ~(R[0] >= VZ); cNy[c] = ~(R[1] >= VZ); cNz[c] = ~(R[2] >= VZ);
+        cTM[c] = valid ? SP : VM1;
+        cTF[c] = valid ? SP * CULL : VM1;
+        cHF[c] = -1; cHK[c] = -1; cHU[c] = VZ; cHV[c] = VZ;
+        // the watertight test's axes: kz the largest |d| component, (kx, ky) the next two, swapped where d[kz] < 0
+        const vf A0 = D[0] < VZ ? -D[0] : D[0], A1 = D[1] < VZ ? -D[1] : D[1], A2 = D[2] < VZ ? -D[2] : D[2];
+        const vi kz = (A0 > A1) ? ((A0 > A2) ? IZ : I2) : ((A1 > A2) ? I1 : I2);
+        vi kx = kz == I2 ? IZ : kz + 1;
+        vi ky = kx == I2 ? IZ : kx + 1;
+        auto pick = [](vi kk, vf x, vf y, vf z) -> vf { const vi K0 = 0, K1 = 1; return kk == K0 ? x : (kk == K1 ? y : z); };
+        const vf dkz = pick(kz, D[0], D[1], D[2]);
+        const vi flip = dkz < VZ;
+        const vi kx0 = kx;
+        kx = flip ? ky : kx;
+        ky = flip ? kx0 : ky;
+        cSx[c] = pick(kx, D[0], D[1], D[2]) / dkz;
+        cSy[c] = pick(ky, D[0], D[1], D[2]) / dkz;
+        cOkx[c] = pick(kx, O[0], O[1], O[2]);
+        cOky[c] = pick(ky, O[0], O[1], O[2]);
+        cOkz[c] = pick(kz, O[0], O[1], O[2]);
+        int u = 1;
+        for (int l = 0; l < 8; ++l) {
+            cK[c][l][0] = kx[l]; cK[c][l][1] = ky[l]; cK[c][l][2] = kz[l];
+            u &= kx[l] == kx[0] && ky[l] == ky[0] && kz[l] == kz[0];
+        }
+        cUni[c] = u;
+        // the frustum over the chunk's active lanes
+        for (int a = 0; a < 3; ++a) {
+            aSL[a] = valid ? VMIN(aSL[a], O[a]) : aSL[a];
+            aSH[a] = valid ? VMAX(aSH[a], O[a]) : aSH[a];
+            const vi fin = (R[a] - R[a] == VZ) & (W[a] - W[a] == VZ);
+            const vi dr = valid & ~fin;
+            const vi ps = valid & fin & (R[a] > VZ);
+            const vi ng = valid & fin & ~(R[a] > VZ);
+            aDrop[a] |= dr; aPos[a] |= ps; aNeg[a] |= ng;
+            aRPL[a] = ps ? VMIN(aRPL[a], R[a]) : aRPL[a]; aRPH[a] = ps ? VMAX(aRPH[a], R[a]) : aRPH[a];
+            aFPL[a] = ps ? VMIN(aFPL[a], W[a]) : aFPL[a]; aFPH[a] = ps ? VMAX(aFPH[a], W[a]) : aFPH[a];
+            aRNL[a] = ng ? VMIN(aRNL[a], R[a]) : aRNL[a]; aRNH[a] = ng ? VMAX(aRNH[a], R[a]) : aRNH[a];
+            aFNL[a] = ng ? VMIN(aFNL[a], W[a]) : aFNL[a]; aFNH[a] = ng ? VMAX(aFNH[a], W[a]) : aFNH[a];
+        }
+    }
+    auto hmin = [](vf x) -> float {
+        float m = x[0];
+        for (int l = 1; l < 8; ++l) m = x[l] < m ? x[l] : m;
+        return m;
+    };
+    auto hmax = [](vf x) -> float {
+        float m = x[0];
+        for (int l = 1; l < 8; ++l) m = x[l] > m ? x[l] : m;
+        return m;
+    };
+    for (int a = 0; a < 3; ++a) {
+        slo[a] = hmin(aSL[a]); shi[a] = hmax(aSH[a]);
+        rpl[a] = hmin(aRPL[a]); rph[a] = hmax(aRPH[a]); fpl[a] = hmin(aFPL[a]); fph[a] = hmax(aFPH[a]);
+        rnl[a] = hmin(aRNL[a]); rnh[a] = hmax(aRNH[a]); fnl[a] = hmin(aFNL[a]); fnh[a] = hmax(aFNH[a]);
+        pos[a] = bits(aPos[a]) != 0; neg[a] = bits(aNeg[a]) != 0; drop[a] = bits(aDrop[a]) != 0;
+    }
 }
 float tfar = -INFINITY;  // the packet's culling bound: the largest of the rays'
 for (int c = 0; c < nc; ++c) for (int l = 0; l < 8; ++l) tfar = fmax_(tfar, cTF[c][l]);
