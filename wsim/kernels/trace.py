@@ -291,6 +291,7 @@ def cone_instances(geo: SceneGeo, origin: wp.vec3, axis: wp.vec3, tan_cone: floa
         out.n = -1
         return out
     spread = tan_cone * 1.01 + 1.0e-5
+    rcp = wp.vec3(1.0 / axis[0], 1.0 / axis[1], 1.0 / axis[2])
     for i in range(geo.num_instances):
         lo = geo.inst_lo[i]
         hi = geo.inst_hi[i]
@@ -299,12 +300,33 @@ def cone_instances(geo: SceneGeo, origin: wp.vec3, axis: wp.vec3, tan_cone: floa
         v = c - origin
         dist = wp.length(v)
         along = wp.dot(v, axis)
-        perp = wp.length(v - axis * along)
         slack = r * 1.0001 + 1.0e-4 * (1.0 + dist)
-        if along >= -slack and perp <= slack + (dist + r) * spread:
-            out.idx[out.n] = i
-            out.n += 1
+        if along >= -slack:
+            reach = slack + (dist + r) * spread
+            if wp.length(v - axis * along) <= reach:
+                # and the axis meets the box grown by that reach: a ray of the cone enters the box at a distance
+                # s <= dist + r, where the axis lies within s·tan_cone of it
+                e = reach - r  # (the rounding slack stays)
+                grow = wp.vec3(e, e, e)
+                if axis_meets_box(origin, rcp, lo - grow, hi + grow):
+                    out.idx[out.n] = i
+                    out.n += 1
     return out
+
+
+@wp.func(inline=True)
+def axis_meets_box(origin: wp.vec3, rcp: wp.vec3, lo: wp.vec3, hi: wp.vec3) -> bool:
+    """False only where the ray from ``origin`` with reciprocal direction ``rcp`` surely misses the box (slabs;
+    an undefined slab, 0·∞, rejects nothing)."""
+    near = float(-1.0e30)
+    far = float(1.0e30)
+    for a in range(3):
+        t1 = (lo[a] - origin[a]) * rcp[a]
+        t2 = (hi[a] - origin[a]) * rcp[a]
+        if t1 == t1 and t2 == t2:
+            near = wp.max(near, wp.min(t1, t2))
+            far = wp.min(far, wp.max(t1, t2))
+    return not (far < 0.0 or near > far)
 
 
 @wp.func(inline=True)
