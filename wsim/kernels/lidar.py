@@ -420,6 +420,7 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     hi = vec64f()
     tau = vec64f()
     found = vec64i()  # surfaces found so far per sub-ray
+    going = vec64i()  # 1: the sub-ray goes on at this depth
     r_of = vec64f()  # by code: range, signal, weight·τ (the surface records straight into c)
     s_of = vec64f()
     t_of = vec64f()
@@ -432,6 +433,7 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
         dirs[k, 2] = dk[2]
         hi[k] = p.far
         tau[k] = 1.0
+        going[k] = 1
     listed = Listed()
     listed.n = -1
     if geo.num_instances > 0:  # the instances the beam may meet, listed once
@@ -440,7 +442,8 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     # (none listed and no instances: the static answers alone); too many to list: ray by ray through the top level
     res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                       ray.origin, dirs, lo, hi, p.beam_n)
-    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, p.far, time, res, listed)
+    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, lo, going, p.far, time, res,
+                                                      listed)
     top = listed.n < 0 and geo.num_instances > 0
     for depth in range(hps):
         more = int(0)
@@ -448,7 +451,7 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
             if found[k] == depth and hi[k] > 0.0:
                 dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
                 h = miss()
-                if depth == 0 and not top:
+                if not top:
                     h = nearest_hit(geo, ray.origin, dk, time, lt[k], lf[k], li[k], lu[k], lv[k],
                                     wp.vec3(lnx[k], lny[k], lnz[k]))
                 else:  # lo[k] = 0 at depth 0
@@ -480,6 +483,11 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
             break
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                           ray.origin, dirs, lo, hi, p.beam_n)
+        if not top:  # the listed instances from just past the surfaces gone through
+            for k in range(p.beam_n):
+                going[k] = wp.where(hi[k] > 0.0, 1, 0)
+            lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, lo, going, p.far,
+                                                              time, res, listed)
     cr = vec64f()
     cs = vec64f()
     cc = vec64i()

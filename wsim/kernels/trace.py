@@ -368,15 +368,17 @@ def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
 
 
 @wp.func(inline=True)
-def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: float, time: float, res: mat64x4,
-                  listed: Listed):
+def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_min: vec64f, active: vec64i,
+                  t_max: float, time: float, res: mat64x4, listed: Listed):
     """:func:`closest_hit_listed` for rays ``k < n`` from ``origin`` along unit ``dirs[k]`` (a beam's sub-rays, in
     the cone ``listed`` was made for; ``listed.n`` >= 0), ``res[k]`` their static answers (a packet traversal's):
     each listed instance is traversed once, in the same order, by the rays that enter its box, as one packet through
     its prototype's 8-wide tree in its local frame (:func:`wsim.kernels.packet.wide_packet_at`, each ray's own
     result), with the very arithmetic of :func:`_try_instance`. Per ray the nearest surface: distance [m], face,
     instance (−1: static; face −1: none), barycentrics u, v and the unnormalised world normal's components — for
-    :func:`nearest_hit`, the same bits as :func:`closest_hit_listed` ray by ray."""
+    :func:`nearest_hit`, the same bits as :func:`closest_hit_listed` ray by ray. Rays with ``active[k]`` = 0 are
+    left out (misses); ``t_min[k]`` [m]: where ray k starts (0, or just past a transmissive surface: then its result
+    is :func:`closest_hit_given`'s from there, ``res[k]`` the static answer from there)."""
     bt = vec64f()
     bf = vec64i()
     bi = vec64i()
@@ -386,7 +388,9 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: 
     ny = vec64f()
     nz = vec64f()
     for k in range(n):
-        b = _wide_nearest(geo, 0.0, t_max, wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
+        b = _wide_nearest(geo, t_min[k], t_max, wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
+        if active[k] == 0:
+            b = _nearest(0.0, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0))
         bt[k] = b.t
         bf[k] = b.face
         bi[k] = b.inst
@@ -403,11 +407,12 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: 
         hi = vec64f()
         meets = int(0)
         for k in range(n):
-            d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-            rcp = wp.vec3(1.0 / d[0], 1.0 / d[1], 1.0 / d[2])
-            if ray_box_entry(origin, rcp, geo.inst_lo[idx], geo.inst_hi[idx], bt[k]) != 0:
-                hi[k] = bt[k] - 0.0
-                meets += 1
+            if active[k] != 0:
+                d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+                rcp = wp.vec3(1.0 / d[0], 1.0 / d[1], 1.0 / d[2])
+                if ray_box_entry(origin, rcp, geo.inst_lo[idx], geo.inst_hi[idx], bt[k]) != 0:
+                    hi[k] = bt[k] - t_min[k]
+                    meets += 1
         if meets == 0:
             continue
         xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
@@ -417,7 +422,7 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: 
         for k in range(n):
             if hi[k] > 0.0:
                 d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-                lo_k = wp.cw_div(wp.quat_rotate(inv, (origin + d * 0.0) - xf.pos), xf.scale)
+                lo_k = wp.cw_div(wp.quat_rotate(inv, (origin + d * t_min[k]) - xf.pos), xf.scale)
                 ld_k = wp.cw_div(wp.quat_rotate(inv, d), xf.scale)
                 for c in range(3):
                     orgs[k, c] = lo_k[c]
@@ -428,7 +433,7 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: 
             for k in range(n):
                 if hi[k] > 0.0 and w[k, 1] >= 0.0:
                     s = wide_slot(w[k, 1])
-                    bt[k] = 0.0 + w[k, 0]
+                    bt[k] = t_min[k] + w[k, 0]
                     bf[k] = geo.proto_wide_fid[s]
                     bi[k] = idx
                     bu[k] = w[k, 2]
@@ -443,9 +448,9 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_max: 
             for k in range(n):
                 if hi[k] > 0.0:
                     q = wp.mesh_query_ray(geo.inst_mesh[idx], wp.vec3(orgs[k, 0], orgs[k, 1], orgs[k, 2]),
-                                          wp.vec3(lds[k, 0], lds[k, 1], lds[k, 2]), bt[k] - 0.0)
+                                          wp.vec3(lds[k, 0], lds[k, 1], lds[k, 2]), bt[k] - t_min[k])
                     if q.result:
-                        bt[k] = 0.0 + q.t
+                        bt[k] = t_min[k] + q.t
                         bf[k] = q.face
                         bi[k] = idx
                         bu[k] = q.u
