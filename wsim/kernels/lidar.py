@@ -411,8 +411,8 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     """:func:`walk_beam` depth by depth (CPU, static scene on the 8-wide BVH): every sub-ray's first static
     surface in one packet traversal, then the sub-rays that went through a transmissive surface in one more packet
     from just past it (:func:`wsim.kernels.packet.wide_packet` over per-ray ranges: each ray's own query, bit for
-    bit), at depth 0 the instances listed once for the beam's cone as packets (:func:`wsim.kernels.trace.listed_packet`;
-    too many to list: ray by ray through the top level), then the contributions are inserted
+    bit), at every depth the instances listed once for the beam's cone as packets
+    (:func:`wsim.kernels.trace.listed_packet`; too many to list: ray by ray through the top level), then the contributions are inserted
     in :func:`walk_beam`'s order, so equal ranges rank alike. The same bits as :func:`walk_beam`."""
     hps = p.hits_per_subray
     dirs = mat64x3()
@@ -438,7 +438,7 @@ def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float
     listed.n = -1
     if geo.num_instances > 0:  # the instances the beam may meet, listed once
         listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)
-    # depth 0: the static packet, then the instances listed, each traversed once by the sub-rays entering its box
+    # each depth: the static packet, then the instances listed, each traversed once by the sub-rays entering its box
     # (none listed and no instances: the static answers alone); too many to list: ray by ray through the top level
     res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                       ray.origin, dirs, lo, hi, p.beam_n)
