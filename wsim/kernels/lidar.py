@@ -36,7 +36,7 @@ from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_from
 from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Listed, SceneGeo, closest_hit,
                     closest_hit_given, cone_instances, continue_past, hit_distance, hit_record,
-                    listed_packet, miss, nearest_hit, point_velocity, shading_normal)
+                    listed_packet, miss, nearest_hit, point_velocity, shading_normal, static_hit)
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
@@ -330,9 +330,12 @@ def walk_beam(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: 
               trans: wp.array[float]) -> Contributions:
     """Every sub-ray's surfaces (up to hits_per_subray each, through transmissive ones) as contributions
     w·τ·ρ·|cos θ|/r², sorted by range (equal ranges in arrival order): :func:`walk_beam_rays`, or with
-    ``p.packet`` :func:`walk_beam_packets`, the same contributions."""
+    ``p.packet`` the packet walk (:func:`_walk_packets`), the same contributions."""
     if p.packet != 0:
-        return walk_beam_packets(geo, p, ray, time, refl, trans)
+        listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)  # the instances the beam may meet
+        if listed.n == 0:
+            return walk_packets_static(geo, p, ray, time, refl, trans, listed)
+        return walk_packets_listed(geo, p, ray, time, refl, trans, listed)
     return walk_beam_rays(geo, p, ray, time, refl, trans)
 
 
@@ -405,116 +408,129 @@ def walk_beam_rays(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, r
     return c
 
 
-@wp.func(inline=True)
-def walk_beam_packets(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
-                      trans: wp.array[float]) -> Contributions:
-    """:func:`walk_beam` depth by depth (CPU, static scene on the 8-wide BVH): every sub-ray's first static
-    surface in one packet traversal, then the sub-rays that went through a transmissive surface in one more packet
-    from just past it (:func:`wsim.kernels.packet.wide_packet` over per-ray ranges: each ray's own query, bit for
-    bit), at every depth the instances listed once for the beam's cone as packets
-    (:func:`wsim.kernels.trace.listed_packet`; too many to list: ray by ray through the top level), then the contributions are inserted
-    in :func:`walk_beam`'s order, so equal ranges rank alike. The same bits as :func:`walk_beam`."""
-    hps = p.hits_per_subray
-    dirs = mat64x3()
-    lo = vec64f()
-    hi = vec64f()
-    tau = vec64f()
-    found = vec64i()  # surfaces found so far per sub-ray
-    going = vec64i()  # 1: the sub-ray goes on at this depth
-    r_of = vec64f()  # by code: range, signal, weight·τ (the surface records straight into c)
-    s_of = vec64f()
-    t_of = vec64f()
-    c = Contributions()
-    bh = beam_h(ray.dir)
-    for k in range(p.beam_n):
-        dk = subray_in(ray.dir, bh, k, p)
-        dirs[k, 0] = dk[0]
-        dirs[k, 1] = dk[1]
-        dirs[k, 2] = dk[2]
-        hi[k] = p.far
-        tau[k] = 1.0
-        going[k] = 1
-    listed = Listed()
-    listed.n = -1
-    if geo.num_instances > 0:  # the instances the beam may meet, listed once
-        listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)
-    # each depth: the static packet, then the instances listed, each traversed once by the sub-rays entering its box
-    # (none listed and no instances: the static answers alone); too many to list: ray by ray through the top level
-    res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                      ray.origin, dirs, lo, hi, p.beam_n)
-    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, lo, going, p.far, time, res,
-                                                      listed)
-    top = listed.n < 0 and geo.num_instances > 0
-    for depth in range(hps):
-        more = int(0)
-        for k in range(p.beam_n):
-            if found[k] == depth and hi[k] > 0.0:
-                dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-                h = miss()
-                if not top:
-                    h = nearest_hit(geo, ray.origin, dk, time, lt[k], lf[k], li[k], lu[k], lv[k],
-                                    wp.vec3(lnx[k], lny[k], lnz[k]))
-                else:  # lo[k] = 0 at depth 0
-                    h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time,
-                                          wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
-                hi[k] = 0.0  # done, unless it goes on through this surface
-                lo[k] = 0.0
-                if h.face >= 0:
-                    w = p.beam[k][2]
-                    code = k * hps + depth
-                    r_of[code] = h.t
-                    s_of[code] = w * tau[k] * surface_signal(geo, p, h, dk, refl)
-                    t_of[code] = w * tau[k]
-                    c.face[code] = h.face
-                    c.inst[code] = h.instance
-                    c.u[code] = h.u
-                    c.v[code] = h.v
-                    c.nx[code] = h.normal[0]
-                    c.ny[code] = h.normal[1]
-                    c.nz[code] = h.normal[2]
-                    found[k] = depth + 1
-                    tr = trans[h.material]
-                    if tr > 0.0 and depth + 1 < hps:  # from just past it, as continue_past
-                        tau[k] = tau[k] * tr
-                        lo[k] = h.t + HIT_EPS_ABS + HIT_EPS_REL * h.t
-                        hi[k] = p.far
-                        more = 1
-        if more == 0:
-            break
-        res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                          ray.origin, dirs, lo, hi, p.beam_n)
-        if not top:  # the listed instances from just past the surfaces gone through
-            for k in range(p.beam_n):
-                going[k] = wp.where(hi[k] > 0.0, 1, 0)
-            lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, p.beam_n, lo, going, p.far,
-                                                              time, res, listed)
-    cr = vec64f()
-    cs = vec64f()
-    cc = vec64i()
-    ct = vec64f()
-    m = int(0)
-    for k in range(p.beam_n):
-        for depth in range(found[k]):
-            code = k * hps + depth
-            if m < MAX_CONTRIB:
-                j = m - 1
-                while j >= 0 and cr[j] > r_of[code]:
-                    cr[j + 1] = cr[j]
-                    cs[j + 1] = cs[j]
-                    cc[j + 1] = cc[j]
-                    ct[j + 1] = ct[j]
-                    j -= 1
-                cr[j + 1] = r_of[code]
-                cs[j + 1] = s_of[code]
-                cc[j + 1] = code
-                ct[j + 1] = t_of[code]
-                m += 1
-    c.m = m
-    c.r = cr
-    c.s = cs
-    c.code = cc
-    c.tau = ct
-    return c
+def _walk_packets(listing: bool, echoes: bool):
+    """:func:`walk_beam` depth by depth (CPU, static scene on the 8-wide BVH): at each depth the sub-rays still
+    going (all at depth 0, then those that went through a transmissive surface, from just past it) traverse the
+    static tree as one packet (:func:`wsim.kernels.packet.wide_packet` over per-ray ranges: each ray's own query,
+    bit for bit) and the instances listed once for the beam's cone as packets
+    (:func:`wsim.kernels.trace.listed_packet`; too many to list: ray by ray through the top level); then the
+    contributions are inserted in :func:`walk_beam`'s order, so equal ranges rank alike. The same bits as
+    :func:`walk_beam`. ``listed``: :func:`wsim.kernels.trace.cone_instances` for the beam.
+
+    Variants (Warp declares and zeroes every vector a function assigns, once per call, so each keeps only the ones
+    it needs): ``listing`` False for a beam that lists no instance (its static answers alone, nothing kept for the
+    instances), True otherwise; ``echoes`` True returns :func:`echoes_of` the contributions (the fire kernel), False
+    the :class:`Contributions` (the differentiable pass). One call site per traversal, the surface records
+    straight into the result, the ranges, signals and weights sorted in place."""
+
+    def walk(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+             trans: wp.array[float], listed: Listed):
+        hps = p.hits_per_subray
+        n = p.beam_n
+        dirs = mat64x3()
+        lo = vec64f()
+        hi = vec64f()
+        tau = vec64f()
+        found = vec64i()  # surfaces found so far per sub-ray
+        if wp.static(listing):
+            going = vec64i()  # 1: the sub-ray goes on at this depth
+        r_of = vec64f()  # by code k·hps + depth: range, signal, weight·τ (the surface records straight into c)
+        s_of = vec64f()
+        t_of = vec64f()
+        c = Contributions()
+        bh = beam_h(ray.dir)
+        for k in range(n):
+            dk = subray_in(ray.dir, bh, k, p)
+            dirs[k, 0] = dk[0]
+            dirs[k, 1] = dk[1]
+            dirs[k, 2] = dk[2]
+            hi[k] = p.far
+            tau[k] = 1.0
+        for depth in range(hps):
+            res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2,
+                              geo.wide_fid, ray.origin, dirs, lo, hi, n)
+            if wp.static(listing):
+                for k in range(n):
+                    going[k] = wp.where(hi[k] > 0.0, 1, 0)
+                lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, n, lo, going, p.far, time,
+                                                                  res, listed)
+            more = int(0)
+            for k in range(n):
+                if found[k] == depth and hi[k] > 0.0:
+                    dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+                    w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+                    h = miss()
+                    if wp.static(not listing):
+                        h = static_hit(geo, ray.origin, dk, time, lo[k], p.far, w)
+                    elif listed.n < 0:
+                        h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time, w)
+                    else:
+                        h = nearest_hit(geo, ray.origin, dk, time, lt[k], lf[k], li[k], lu[k], lv[k],
+                                        wp.vec3(lnx[k], lny[k], lnz[k]))
+                    hi[k] = 0.0  # done, unless it goes on through this surface
+                    lo[k] = 0.0
+                    if h.face >= 0:
+                        wt = p.beam[k][2]
+                        code = k * hps + depth
+                        r_of[code] = h.t
+                        s_of[code] = wt * tau[k] * surface_signal(geo, p, h, dk, refl)
+                        t_of[code] = wt * tau[k]
+                        c.face[code] = h.face
+                        c.inst[code] = h.instance
+                        c.u[code] = h.u
+                        c.v[code] = h.v
+                        c.nx[code] = h.normal[0]
+                        c.ny[code] = h.normal[1]
+                        c.nz[code] = h.normal[2]
+                        found[k] = depth + 1
+                        tr = trans[h.material]
+                        if tr > 0.0 and depth + 1 < hps:  # from just past it, as continue_past
+                            tau[k] = tau[k] * tr
+                            lo[k] = h.t + HIT_EPS_ABS + HIT_EPS_REL * h.t
+                            hi[k] = p.far
+                            more = 1
+            if more == 0:
+                break
+        # in walk_beam's arrival order (ascending code), each inserted by range into the sorted ones before it: the
+        # sorted prefix never reaches past the code read, so it is built in place
+        cc = vec64i()
+        m = int(0)
+        for k in range(n):
+            for depth in range(found[k]):
+                code = k * hps + depth
+                if m < MAX_CONTRIB:
+                    r = r_of[code]
+                    sg = s_of[code]
+                    wt = t_of[code]
+                    j = m - 1
+                    while j >= 0 and r_of[j] > r:
+                        r_of[j + 1] = r_of[j]
+                        s_of[j + 1] = s_of[j]
+                        cc[j + 1] = cc[j]
+                        t_of[j + 1] = t_of[j]
+                        j -= 1
+                    r_of[j + 1] = r
+                    s_of[j + 1] = sg
+                    cc[j + 1] = code
+                    t_of[j + 1] = wt
+                    m += 1
+        c.m = m
+        c.r = r_of
+        c.s = s_of
+        c.code = cc
+        c.tau = t_of
+        if wp.static(echoes):
+            ech, srf = echoes_of(p, c)
+            return ech, srf
+        else:
+            return c
+
+    name = "walk_packets_" + ("listed" if listing else "static") + ("_echoes" if echoes else "")
+    return wp.func(walk, name=name, inline=True)
+
+
+walk_packets_static = _walk_packets(False, False)
+walk_packets_listed = _walk_packets(True, False)
 
 
 # ------------------------------------------------------------------------------------------- 5. echo merge
@@ -658,11 +674,9 @@ def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl
 
 
 @wp.func(inline=True)
-def beam_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
-                trans: wp.array[float]):
-    """Steps 3–5 for a beam: its contributions merged and ranked into echoes, with each echo's representative
-    surface (:class:`EchoSurfaces`)."""
-    c = walk_beam(geo, p, ray, time, refl, trans)
+def echoes_of(p: LidarParams, c: Contributions):
+    """Step 5: range-sorted contributions merged and ranked into echoes (:func:`ranked_echoes`), with each echo's
+    representative surface (:class:`EchoSurfaces`)."""
     ech = ranked_echoes(p, c)
     srf = EchoSurfaces()
     for r in range(ech.n):
@@ -674,6 +688,34 @@ def beam_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl
         srf.nx[r] = c.nx[code]
         srf.ny[r] = c.ny[code]
         srf.nz[r] = c.nz[code]
+    return ech, srf
+
+
+@wp.func(inline=True)
+def rays_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                trans: wp.array[float]):
+    """:func:`echoes_of` :func:`walk_beam_rays`."""
+    ech, srf = echoes_of(p, walk_beam_rays(geo, p, ray, time, refl, trans))
+    return ech, srf
+
+
+walk_packets_static_echoes = _walk_packets(False, True)
+walk_packets_listed_echoes = _walk_packets(True, True)
+
+
+@wp.func(inline=True)
+def beam_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
+                trans: wp.array[float]):
+    """Steps 3–5 for a beam: :func:`echoes_of` :func:`walk_beam`, with no :class:`Contributions` passed between
+    them (the walk's variant that ranks its own)."""
+    if p.packet != 0:
+        listed = cone_instances(geo, ray.origin, ray.dir, p.beam_tan)  # the instances the beam may meet
+        if listed.n == 0:
+            ech, srf = walk_packets_static_echoes(geo, p, ray, time, refl, trans, listed)
+            return ech, srf
+        ech, srf = walk_packets_listed_echoes(geo, p, ray, time, refl, trans, listed)
+        return ech, srf
+    ech, srf = rays_echoes(geo, p, ray, time, refl, trans)
     return ech, srf
 
 

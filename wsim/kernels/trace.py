@@ -478,6 +478,14 @@ def nearest_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, time: float,
 
 
 @wp.func(inline=True)
+def static_hit(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, time: float, t_min: float, t_max: float,
+               w: wp.vec4) -> Hit:
+    """The Hit record of the static surface ``w`` (as for :func:`closest_hit_given`) alone, as :func:`nearest_hit`
+    builds it from :func:`listed_packet` when no instance is listed: the same bits."""
+    return _hit_of(geo, origin, direction, time, _wide_nearest(geo, t_min, t_max, w))
+
+
+@wp.func(inline=True)
 def _static_normal(geo: SceneGeo, k: int) -> wp.vec3:
     """The unnormalised normal of the static triangle in slot ``k`` of the wide BVH (its vertices exactly as the
     mesh has them, at hand after the traversal), as every wide path of :func:`closest_hit` computes it."""
