@@ -1029,6 +1029,10 @@ def deliver_echo(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTab
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
+#: Firings a CPU thread of :func:`lidar_fire_kernel` takes in turn.
+FIRE_BATCH = 16
+
+
 @wp.kernel(enable_backward=False)
 def lidar_fire_kernel(
     geo: SceneGeo,
@@ -1048,35 +1052,41 @@ def lidar_fire_kernel(
     n_slots: int,
     fposes: wp.array[FiringPose],
     first: wp.array[wp.vec4],
+    n_fire: int,
+    batch: int,
     offset: int,
     out: Slots,
 ):
     """One firing, step by step (not differentiable; :func:`lidar_diff_kernel` recomputes the differentiable values
     from the surfaces chosen here). Its poses come from :func:`firing_pose_kernel`'s table (``fire_slot``: the
     firing-time slot of each emitter-table entry); ``first``: each firing's static first surface from
-    :func:`lidar_first_kernel` (empty: none, every ray traced here)."""
-    f = wp.tid() + offset
-    base = f * p.max_returns
-    clear_slots(out, base, p.max_returns)
-    fr = schedule(p, em, ticks, f)
-    if fr.fires == 0:
-        return
-    write_identity(out, base, p.max_returns, em, ticks, fr)
-    fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
-    ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
-    w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
-    if first.shape[0] > 0:
-        w = first[f]
-    ech, srf = find_echoes(geo, p, ray, fr.time, refl, trans, w)
-    of = fp.frame
-    of.custom = custom
-    for r in range(p.max_returns):
-        if r < ech.n:
-            deliver_echo(geo, p, em, ticks, fr, ray, of, ech.first, r, ech.code[r], ech.rep_r[r], ech.r[r], ech.s[r],
-                         ech.tau[r], srf.face[r], srf.inst[r], srf.u[r], srf.v[r],
-                         wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]), refl, gain, obj_hash, part_number, out, base + r)
-        else:
-            write_blank(p, out, base + r)
+    :func:`lidar_first_kernel` (empty: none, every ray traced here). A thread takes firings ``batch · tid`` on, up to
+    ``batch`` of the ``n_fire`` (CPU: :data:`FIRE_BATCH`: Warp copies a kernel's arguments and zeroes its locals once
+    per thread, some 10 KB here; CUDA: 1)."""
+    s = (wp.tid() + offset) * batch
+    for f in range(s, wp.min(s + batch, n_fire)):
+        base = f * p.max_returns
+        clear_slots(out, base, p.max_returns)
+        fr = schedule(p, em, ticks, f)
+        if fr.fires == 0:
+            continue
+        write_identity(out, base, p.max_returns, em, ticks, fr)
+        fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
+        ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
+        w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
+        if first.shape[0] > 0:
+            w = first[f]
+        ech, srf = find_echoes(geo, p, ray, fr.time, refl, trans, w)
+        of = fp.frame
+        of.custom = custom
+        for r in range(p.max_returns):
+            if r < ech.n:
+                deliver_echo(geo, p, em, ticks, fr, ray, of, ech.first, r, ech.code[r], ech.rep_r[r], ech.r[r],
+                             ech.s[r], ech.tau[r], srf.face[r], srf.inst[r], srf.u[r], srf.v[r],
+                             wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]), refl, gain, obj_hash, part_number, out,
+                             base + r)
+            else:
+                write_blank(p, out, base + r)
 
 
 #: Firings a thread of :func:`lidar_first_kernel` traces together.
@@ -1224,6 +1234,8 @@ def compact_kernel(
     keep: wp.array[wp.int32],
     index: wp.array[wp.int32],
     want: int,
+    n: int,
+    batch: int,
     offset: int,
     flags: wp.array[wp.uint8],
     coords: wp.array2d[float],
@@ -1241,35 +1253,38 @@ def compact_kernel(
     semantic: wp.array[wp.int32],
     src_slot: wp.array[wp.int32],
 ):
-    i = wp.tid() + offset
-    if keep[i] == 0:
-        return
-    j = index[i] - 1  # inclusive scan
-    src_slot[j] = i
-    flags[j] = src.flags[i]
-    c = src.coords[i]
-    for a in range(3):
-        coords[a, j] = c[a]
-    if (want & WANT_NORMAL) != 0:
-        n = src.normal[i]
+    """Valid slot ``i`` (``keep``) to delivered entry ``index[i] − 1`` (inclusive scan), the wanted channels; a thread
+    takes slots ``batch · tid`` on, up to ``batch`` of the ``n`` (as :func:`lidar_fire_kernel`)."""
+    s = (wp.tid() + offset) * batch
+    for i in range(s, wp.min(s + batch, n)):
+        if keep[i] == 0:
+            continue
+        j = index[i] - 1  # inclusive scan
+        src_slot[j] = i
+        flags[j] = src.flags[i]
+        c = src.coords[i]
         for a in range(3):
-            normal[j, a] = n[a]
-    if (want & WANT_VELOCITY) != 0:
-        v = src.velocity[i]
-        for a in range(3):
-            velocity[j, a] = v[a]
-    if (want & WANT_OBJECT) != 0:
-        o = src.object_id[i]
-        for a in range(4):
-            object_id[j, a] = o[a]
-    if (want & WANT_MATERIAL) != 0:
-        material_id[j] = src.material_id[i]
-    if (want & WANT_SEMANTIC) != 0:
-        semantic[j] = src.semantic[i]
-    intensity[j] = src.intensity[i]
-    time_offset_ns[j] = src.time_offset_ns[i]
-    emitter[j] = src.emitter[i]
-    channel[j] = src.channel[i]
-    tick[j] = src.tick[i]
-    echo[j] = src.echo[i]
-    state[j] = src.state[i]
+            coords[a, j] = c[a]
+        if (want & WANT_NORMAL) != 0:
+            nv = src.normal[i]
+            for a in range(3):
+                normal[j, a] = nv[a]
+        if (want & WANT_VELOCITY) != 0:
+            v = src.velocity[i]
+            for a in range(3):
+                velocity[j, a] = v[a]
+        if (want & WANT_OBJECT) != 0:
+            o = src.object_id[i]
+            for a in range(4):
+                object_id[j, a] = o[a]
+        if (want & WANT_MATERIAL) != 0:
+            material_id[j] = src.material_id[i]
+        if (want & WANT_SEMANTIC) != 0:
+            semantic[j] = src.semantic[i]
+        intensity[j] = src.intensity[i]
+        time_offset_ns[j] = src.time_offset_ns[i]
+        emitter[j] = src.emitter[i]
+        channel[j] = src.channel[i]
+        tick[j] = src.tick[i]
+        echo[j] = src.echo[i]
+        state[j] = src.state[i]

@@ -440,11 +440,12 @@ class Lidar:
                 n_groups = -(-n_fire // int(K.FIRST_PACKET))
                 _launch.launch(K.lidar_first_kernel, n_groups,
                                [geo.geo, p, em, tt, fire_slot, n_fs, fposes, poses, self._first_order(n_ticks), n_fire],
-                               [first], device=d)
-            _launch.launch(K.lidar_fire_kernel, n_fire,
+                               [first], device=d, min_shard=max(1, _launch.MIN_SHARD // int(K.FIRST_PACKET)))
+            batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
+            _launch.launch(K.lidar_fire_kernel, -(-n_fire // batch),
                            [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
-                            refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes, first],
-                           [slots], device=d)
+                            refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes, first, n_fire, batch],
+                           [slots], device=d, min_shard=max(1, _launch.MIN_SHARD // batch))
         pc, src = self._compact(slots, n_slots, chans, p.want, frame, start_pose, end_pose, comp_ref)
         if not requires_grad:  # (a tape keeps reading its render's slots)
             self._give_slots(n_slots, slots)
@@ -624,10 +625,12 @@ class Lidar:
         }
         src = wp.empty(count, dtype=wp.int32, device=d)
         if count:
-            _launch.launch(K.compact_kernel, n_slots, [slots, keep, index, want],
+            batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
+            _launch.launch(K.compact_kernel, -(-n_slots // batch), [slots, keep, index, want, n_slots, batch],
                            [out[k] for k in ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId",
                                              "ChannelId", "TickId", "EchoId", "TickState", "MaterialId", "ObjectId",
-                                             "HitNormal", "Velocity", "SemanticId")] + [src], device=d)
+                                             "HitNormal", "Velocity", "SemanticId")] + [src], device=d,
+                           min_shard=max(1, _launch.MIN_SHARD // batch))
         out["Counts"] = wp.array([count], dtype=wp.int32, device=d)
         channels = {k: out[k] for k in chans if k in out}
         origin_ns = int(self.scene.time_origin_us * 1000) if self.scene is not None else 0
