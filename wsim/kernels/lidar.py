@@ -420,8 +420,8 @@ def _walk_packets(listing: bool, echoes: bool):
     Variants (Warp declares and zeroes every vector a function assigns, once per call, so each keeps only the ones
     it needs): ``listing`` False for a beam that lists no instance (its static answers alone, nothing kept for the
     instances), True otherwise; ``echoes`` True returns :func:`echoes_of` the contributions (the fire kernel), False
-    the :class:`Contributions` (the differentiable pass). One call site per traversal, the surface records
-    straight into the result, the ranges, signals and weights sorted in place."""
+    the :class:`Contributions` (the differentiable pass). One call site per traversal, the records kept by code,
+    the ranges, signals and weights sorted in place."""
 
     def walk(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
              trans: wp.array[float], listed: Listed):
@@ -434,10 +434,16 @@ def _walk_packets(listing: bool, echoes: bool):
         found = vec64i()  # surfaces found so far per sub-ray
         if wp.static(listing):
             going = vec64i()  # 1: the sub-ray goes on at this depth
-        r_of = vec64f()  # by code k·hps + depth: range, signal, weight·τ (the surface records straight into c)
+        r_of = vec64f()  # by code k·hps + depth: range, signal, weight·τ ...
         s_of = vec64f()
         t_of = vec64f()
-        c = Contributions()
+        fc = vec64i()  # ... and the surface: face, instance, barycentrics, unit normal
+        ic = vec64i()
+        uc = vec64f()
+        vc = vec64f()
+        xc = vec64f()
+        yc = vec64f()
+        zc = vec64f()
         bh = beam_h(ray.dir)
         for k in range(n):
             dk = subray_in(ray.dir, bh, k, p)
@@ -475,13 +481,13 @@ def _walk_packets(listing: bool, echoes: bool):
                         r_of[code] = h.t
                         s_of[code] = wt * tau[k] * surface_signal(geo, p, h, dk, refl)
                         t_of[code] = wt * tau[k]
-                        c.face[code] = h.face
-                        c.inst[code] = h.instance
-                        c.u[code] = h.u
-                        c.v[code] = h.v
-                        c.nx[code] = h.normal[0]
-                        c.ny[code] = h.normal[1]
-                        c.nz[code] = h.normal[2]
+                        fc[code] = h.face
+                        ic[code] = h.instance
+                        uc[code] = h.u
+                        vc[code] = h.v
+                        xc[code] = h.normal[0]
+                        yc[code] = h.normal[1]
+                        zc[code] = h.normal[2]
                         found[k] = depth + 1
                         tr = trans[h.material]
                         if tr > 0.0 and depth + 1 < hps:  # from just past it, as continue_past
@@ -514,15 +520,23 @@ def _walk_packets(listing: bool, echoes: bool):
                     cc[j + 1] = code
                     t_of[j + 1] = wt
                     m += 1
-        c.m = m
-        c.r = r_of
-        c.s = s_of
-        c.code = cc
-        c.tau = t_of
         if wp.static(echoes):
-            ech, srf = echoes_of(p, c)
-            return ech, srf
+            ech = ranked_of(p, m, r_of, s_of, cc, t_of)
+            return ech, surfaces_of(ech, fc, ic, uc, vc, xc, yc, zc)
         else:
+            c = Contributions()
+            c.m = m
+            c.r = r_of
+            c.s = s_of
+            c.code = cc
+            c.tau = t_of
+            c.face = fc
+            c.inst = ic
+            c.u = uc
+            c.v = vc
+            c.nx = xc
+            c.ny = yc
+            c.nz = zc
             return c
 
     name = "walk_packets_" + ("listed" if listing else "static") + ("_echoes" if echoes else "")
@@ -590,15 +604,11 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
 
 
 @wp.func(inline=True)
-def ranked_echoes(p: LidarParams, c: Contributions) -> Echoes:
-    """The echoes of range-sorted contributions: :func:`merge_peaks`'s peaks, strongest signal first (EchoId 0 =
-    strongest; equal signals: the nearer peak first), capped at max_returns, each with its strongest member as the
-    representative surface. One pass: a peak, once its last member is in, takes its place among the strongest so
+def ranked_of(p: LidarParams, m: int, cr: vec64f, cs: vec64f, cc: vec64i, ct: vec64f) -> Echoes:
+    """The echoes of the ``m`` range-sorted contributions (ranges ``cr`` [m], signals ``cs``, codes ``cc``, weights·τ
+    ``ct``): :func:`merge_peaks`'s peaks, strongest signal first (EchoId 0 = strongest; equal signals: the nearer
+    peak first), capped at max_returns, each with its strongest member as the representative surface. One pass: a peak, once its last member is in, takes its place among the strongest so
     far (the same sums in the same order as :func:`merge_peaks`, no table of every peak)."""
-    cr = c.r
-    cs = c.s
-    cc = c.code
-    ct = c.tau
     ech = Echoes()
     r = vec8f()
     s = vec8f()
@@ -615,9 +625,9 @@ def ranked_echoes(p: LidarParams, c: Contributions) -> Echoes:
     best_code = int(0)
     best_tau = float(0.0)
     best_r = float(0.0)
-    for j in range(c.m + 1):
-        close = j == c.m
-        if j > 0 and j < c.m:
+    for j in range(m + 1):
+        close = j == m
+        if j > 0 and j < m:
             close = cr[j] - peak_mean(sum_sr, sum_s, count, sum_r) > p.min_echo_dist
         if close and j > 0:
             i = n
@@ -643,7 +653,7 @@ def ranked_echoes(p: LidarParams, c: Contributions) -> Echoes:
             count = 0.0
             sum_r = 0.0
             best_s = -1.0
-        if j < c.m:
+        if j < m:
             sum_sr = sum_sr + cs[j] * cr[j]
             sum_s = sum_s + cs[j]
             count = count + 1.0
@@ -664,6 +674,29 @@ def ranked_echoes(p: LidarParams, c: Contributions) -> Echoes:
 
 
 @wp.func(inline=True)
+def ranked_echoes(p: LidarParams, c: Contributions) -> Echoes:
+    """:func:`ranked_of` the contributions ``c``."""
+    return ranked_of(p, c.m, c.r, c.s, c.code, c.tau)
+
+
+@wp.func(inline=True)
+def surfaces_of(ech: Echoes, face: vec64i, inst: vec64i, u: vec64f, v: vec64f, nx: vec64f, ny: vec64f,
+                nz: vec64f) -> EchoSurfaces:
+    """Each echo's representative surface from the records by code (face, instance, barycentrics, unit normal)."""
+    srf = EchoSurfaces()
+    for r in range(ech.n):
+        code = ech.code[r]
+        srf.face[r] = face[code]
+        srf.inst[r] = inst[code]
+        srf.u[r] = u[code]
+        srf.v[r] = v[code]
+        srf.nx[r] = nx[code]
+        srf.ny[r] = ny[code]
+        srf.nz[r] = nz[code]
+    return srf
+
+
+@wp.func(inline=True)
 def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
                 trans: wp.array[float], first: wp.vec4):
     """Steps 3–5: the firing's echoes, by ray type, and (beams) their representative surfaces (``first``: see
@@ -678,17 +711,7 @@ def echoes_of(p: LidarParams, c: Contributions):
     """Step 5: range-sorted contributions merged and ranked into echoes (:func:`ranked_echoes`), with each echo's
     representative surface (:class:`EchoSurfaces`)."""
     ech = ranked_echoes(p, c)
-    srf = EchoSurfaces()
-    for r in range(ech.n):
-        code = ech.code[r]
-        srf.face[r] = c.face[code]
-        srf.inst[r] = c.inst[code]
-        srf.u[r] = c.u[code]
-        srf.v[r] = c.v[code]
-        srf.nx[r] = c.nx[code]
-        srf.ny[r] = c.ny[code]
-        srf.nz[r] = c.nz[code]
-    return ech, srf
+    return ech, surfaces_of(ech, c.face, c.inst, c.u, c.v, c.nx, c.ny, c.nz)
 
 
 @wp.func(inline=True)

@@ -599,8 +599,9 @@ class Lidar:
         index = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)
         count = 0
         if n_slots:
+            # a byte or two a slot: one thread streams it faster than shards are handed out (~1 M slots a ms)
             _launch.launch(K.keep_mask_kernel, n_slots, [slots.present, slots.flags, int(c.include_invalid_points)],
-                           [keep], device=d)
+                           [keep], device=d, min_shard=1 << 20)
             wp.utils.array_scan(keep, index, inclusive=True)
             count = int(index[n_slots - 1:n_slots].numpy()[0])
         def channel(name: str, dtype, shape=lambda n: n) -> wp.array:
