@@ -15,7 +15,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
    :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
    :func:`relative_velocity`;
-8. slot write — :func:`clear_slots`, :func:`write_identity`, :func:`write_return`, :func:`write_blank`.
+8. slot write — :func:`clear_slots`, :func:`mark_fired`, :func:`write_return`, :func:`write_blank`; the
+   compaction adds the identity channels (:func:`firing_identity`).
 
 :func:`lidar_fire_kernel` runs all of them for one firing (not differentiable: it picks the surfaces);
 :mod:`wsim.kernels.lidar_diff` recomputes Coordinates and Intensity of the delivered returns from those surfaces with
@@ -955,17 +956,27 @@ def clear_slots(out: Slots, base: int, n: int):
 
 
 @wp.func(inline=True)
-def write_identity(out: Slots, base: int, n: int, em: EmitterTable, ticks: TickTable, fr: Firing):
-    """Identity channels in every slot of a fired emitter (invalid entries keep them too)."""
+def mark_fired(out: Slots, base: int, n: int):
+    """Every slot of a fired emitter is present (delivered as an invalid point, when includeInvalidPoints, unless a
+    return fills it); its identity channels are the compaction's (:func:`firing_identity`)."""
     for r in range(n):
         out.present[base + r] = wp.uint8(1)
-        out.time_offset_ns[base + r] = wp.int32(fr.offset_ns)
-        out.emitter[base + r] = wp.uint32(fr.emitter)
-        out.channel[base + r] = em.channel[fr.table]
-        out.tick[base + r] = wp.uint32(ticks.tick_id[fr.tick])
-        out.echo[base + r] = wp.uint8(r)
-        out.state[base + r] = wp.uint8(fr.state)
-        out.fire[base + r] = fr.index
+
+
+@wp.func(inline=True)
+def firing_identity(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int):
+    """The identity channels of firing ``f``, as :func:`schedule` has them (no trigonometry): TimeOffsetNs [ns],
+    EmitterId, ChannelId, TickId, TickState."""
+    ne = p.num_emitters
+    tick = f // ne
+    emitter = f - tick * ne
+    state = ticks.state[tick]
+    table = state * ne + emitter
+    offset_ns = ticks.offset_ns[tick] + wp.int64(em.fire_ns[table])
+    if p.instant != 0:
+        offset_ns = wp.int64(0)
+    return (wp.int32(offset_ns), wp.uint32(emitter), em.channel[table], wp.uint32(ticks.tick_id[tick]),
+            wp.uint8(state))
 
 
 @wp.func(inline=True)
@@ -1093,7 +1104,7 @@ def lidar_fire_kernel(
         fr = schedule(p, em, ticks, f)
         if fr.fires == 0:
             continue
-        write_identity(out, base, p.max_returns, em, ticks, fr)
+        mark_fired(out, base, p.max_returns)
         fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
         ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
         w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
@@ -1254,6 +1265,9 @@ def keep_mask_kernel(present: wp.array[wp.uint8], flags: wp.array[wp.uint8], inc
 @wp.kernel
 def compact_kernel(
     src: Slots,
+    p: LidarParams,
+    em: EmitterTable,
+    ticks: TickTable,
     keep: wp.array[wp.int32],
     index: wp.array[wp.int32],
     want: int,
@@ -1276,7 +1290,8 @@ def compact_kernel(
     semantic: wp.array[wp.int32],
     src_slot: wp.array[wp.int32],
 ):
-    """Valid slot ``i`` (``keep``) to delivered entry ``index[i] − 1`` (inclusive scan), the wanted channels; a thread
+    """Valid slot ``i`` (``keep``) to delivered entry ``index[i] − 1`` (inclusive scan), the wanted channels and the
+    identity ones of its firing ``i // max_returns`` (echo ``i % max_returns``); a thread
     takes slots ``batch · tid`` on, up to ``batch`` of the ``n`` (as :func:`lidar_fire_kernel`)."""
     s = (wp.tid() + offset) * batch
     for i in range(s, wp.min(s + batch, n)):
@@ -1305,9 +1320,11 @@ def compact_kernel(
         if (want & WANT_SEMANTIC) != 0:
             semantic[j] = src.semantic[i]
         intensity[j] = src.intensity[i]
-        time_offset_ns[j] = src.time_offset_ns[i]
-        emitter[j] = src.emitter[i]
-        channel[j] = src.channel[i]
-        tick[j] = src.tick[i]
-        echo[j] = src.echo[i]
-        state[j] = src.state[i]
+        f = i // p.max_returns
+        off, e, ch, tk, st = firing_identity(p, em, ticks, f)
+        time_offset_ns[j] = off
+        emitter[j] = e
+        channel[j] = ch
+        tick[j] = tk
+        state[j] = st
+        echo[j] = wp.uint8(i - f * p.max_returns)

@@ -105,25 +105,19 @@ class TickTable:
 
 @wp.struct
 class Slots:
-    """Per (firing, echo) outputs before compaction."""
+    """Per (firing, echo) outputs before compaction: slot i is echo ``i % max_returns`` of firing ``i // max_returns``
+    (its identity channels are the compaction's, from the firing)."""
 
     present: wp.array[wp.uint8]
     flags: wp.array[wp.uint8]
     coords: wp.array[wp.vec3]
     intensity: wp.array[float]
-    time_offset_ns: wp.array[wp.int32]
-    emitter: wp.array[wp.uint32]
-    channel: wp.array[wp.uint32]
-    tick: wp.array[wp.uint32]
-    echo: wp.array[wp.uint8]
-    state: wp.array[wp.uint8]
     material_id: wp.array[wp.uint32]
     object_id: wp.array[wp.vec4ui]
     normal: wp.array[wp.vec3]
     velocity: wp.array[wp.vec3]
     semantic: wp.array[wp.int32]
     # what the differentiable pass needs to recompute a return from its surface
-    fire: wp.array[wp.int32]  # firing index
     face: wp.array[wp.int32]
     inst: wp.array[wp.int32]
     material: wp.array[wp.int32]

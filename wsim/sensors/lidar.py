@@ -446,7 +446,7 @@ class Lidar:
                            [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
                             refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes, first, n_fire, batch],
                            [slots], device=d, min_shard=max(1, _launch.MIN_SHARD // batch))
-        pc, src = self._compact(slots, n_slots, chans, p.want, frame, start_pose, end_pose, comp_ref)
+        pc, src = self._compact(slots, n_slots, chans, p, em, tt, frame, start_pose, end_pose, comp_ref)
         if not requires_grad:  # (a tape keeps reading its render's slots)
             self._give_slots(n_slots, slots)
         if requires_grad:
@@ -592,8 +592,8 @@ class Lidar:
         self.gain = g
         self._gain_array().assign(g)
 
-    def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], want: int, frame, start_pose, end_pose,
-                 comp_ref: str) -> tuple[PointCloud, wp.array]:
+    def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], p: K.LidarParams, em: K.EmitterTable,
+                 tt: K.TickTable, frame, start_pose, end_pose, comp_ref: str) -> tuple[PointCloud, wp.array]:
         c, d = self.config, self.device
         keep = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)  # written in full by the keep mask and the scan
         index = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)
@@ -627,7 +627,8 @@ class Lidar:
         src = wp.empty(count, dtype=wp.int32, device=d)
         if count:
             batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
-            _launch.launch(K.compact_kernel, -(-n_slots // batch), [slots, keep, index, want, n_slots, batch],
+            _launch.launch(K.compact_kernel, -(-n_slots // batch),
+                           [slots, p, em, tt, keep, index, int(p.want), n_slots, batch],
                            [out[k] for k in ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId",
                                              "ChannelId", "TickId", "EchoId", "TickState", "MaterialId", "ObjectId",
                                              "HitNormal", "Velocity", "SemanticId")] + [src], device=d,
@@ -701,10 +702,9 @@ def _alloc_slots(n: int, d) -> K.Slots:
     n = max(n, 1)
     s = K.Slots()
     for name, dtype in (("present", wp.uint8), ("flags", wp.uint8), ("coords", wp.vec3), ("intensity", float),
-                        ("time_offset_ns", wp.int32), ("emitter", wp.uint32), ("channel", wp.uint32),
-                        ("tick", wp.uint32), ("echo", wp.uint8), ("state", wp.uint8), ("material_id", wp.uint32),
-                        ("object_id", wp.vec4ui), ("normal", wp.vec3), ("velocity", wp.vec3), ("semantic", wp.int32),
-                        ("fire", wp.int32), ("face", wp.int32), ("inst", wp.int32), ("material", wp.int32),
+                        ("material_id", wp.uint32), ("object_id", wp.vec4ui), ("normal", wp.vec3),
+                        ("velocity", wp.vec3), ("semantic", wp.int32), ("face", wp.int32), ("inst", wp.int32),
+                        ("material", wp.int32),
                         ("subray", wp.int32), ("tau", float), ("rep_t", float), ("rep_s", float), ("peak_r", float),
                         ("peak_s", float), ("noise", wp.vec3)):
         setattr(s, name, wp.empty(n, dtype=dtype, device=d))
