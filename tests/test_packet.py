@@ -199,10 +199,11 @@ def _trace_ray_by_ray(geo: SceneGeometry, o, d, times, t_min: float, t_max: floa
 
 @pytest.mark.parametrize("t_min,t_max", [(0.0, 1.0e6), (2.5, 60.0)], ids=["full", "range"])
 def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
-    """``SceneGeometry.trace`` takes rays 16 at a time and traverses a group that shares its origin as a packet:
-    the hits equal tracing ray by ray, bit for bit, on the built-in scene with its moving cars — lidar columns,
-    camera pixel rows, rays grazing the road, groups whose origins differ in one ray or only in the sign of a zero,
-    and a count that is no multiple of 16."""
+    """``SceneGeometry.trace`` takes rays 16 at a time and traverses a group that shares its origin as a packet
+    (a narrow one at one instant with the instances it may meet listed once and traversed as packets): the hits
+    equal tracing ray by ray, bit for bit, on the built-in scene with its moving cars — lidar columns, camera pixel
+    rows, narrow runs aimed at the cars, rays grazing the road, groups whose origins differ in one ray or only in
+    the sign of a zero, and a count that is no multiple of 16."""
     import wsim
 
     scene = wsim.load_scene("builtin")
@@ -222,6 +223,17 @@ def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
         u = np.linspace(-0.5, 0.5, 64)
         o.append(np.tile(org, (64, 1)))
         d.append(f[None] + u[:, None] * r[None] + v * np.array([0.0, 0.0, 1.0]))
+    t_mid = 0.5 * sum(scene.time_range)
+    for k in range(120):  # narrow camera runs aimed at the cars (their instances listed once per packet)
+        inst = scene.instances[k % len(scene.instances)]
+        c = np.array([np.interp(t_mid, inst.times, inst.translations[:, a]) for a in range(3)]) + [0.0, 0.0, 0.8]
+        a = rng.uniform(0, 2 * np.pi)
+        org = c + rng.uniform(4.0, 25.0) * np.array([np.cos(a), np.sin(a), 0.0]) + [0.0, 0.0, rng.uniform(0.2, 1.5)]
+        f = (c - org) / np.linalg.norm(c - org)
+        r = np.cross(f, [0.0, 0.0, 1.0])
+        u = np.linspace(-0.012, 0.012, 64)
+        o.append(np.tile(org, (64, 1)))
+        d.append(f[None] + u[:, None] * r[None] + rng.uniform(-0.02, 0.02) * np.array([0.0, 0.0, 1.0]))
     org = np.array([0.0, -0.0, 0.3])  # grazing the road, and zeros of either sign
     o.append(np.tile(org, (64, 1)))
     o[-1][np.arange(64) % 16 == 7, 1] = 0.0
@@ -236,5 +248,7 @@ def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
     b = _trace_ray_by_ray(geo, o, d, times, t_min, t_max)
     hit = b["face"] >= 0
     assert hit.mean() > 0.5 and (b["instance"] >= 0).sum() > 500  # the cars are in it
+    runs = slice(300 * 128 + 200 * 64, 300 * 128 + 200 * 64 + 120 * 64)
+    assert (b["instance"][runs] >= 0).mean() > 0.1  # and the narrow runs see them
     for k in a:
         assert np.array_equal(np.ascontiguousarray(a[k]).view(np.uint8), np.ascontiguousarray(b[k]).view(np.uint8)), k

@@ -17,8 +17,8 @@ from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, wide_packet
-from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, cone_instances, hit_distance,
-                    instances_may_meet, miss, ray_box_entry)
+from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, hit_distance,
+                    instances_may_meet, miss, packet_instances, ray_box_entry)
 from .widebvh import wide_any, wide_any_from
 
 
@@ -405,18 +405,7 @@ def render_rows_kernel(
         first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
                             origin, dirs, lo, hi, n)
         if geo.num_instances > 0:  # the instances the run's rays may meet, listed once (a cone around their mean)
-            axis = wp.vec3(0.0)
-            for j in range(n):
-                if ok[j] != 0.0:
-                    axis += wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])
-            if wp.length(axis) > 0.0:
-                axis = wp.normalize(axis)
-                cmin = float(1.0)
-                for j in range(n):
-                    if ok[j] != 0.0:
-                        cmin = wp.min(cmin, wp.dot(axis, wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])))
-                if cmin > 0.5:  # a cone of at most 60 degrees
-                    listed = cone_instances(geo, origin, axis, wp.sqrt(1.0 - cmin * cmin) / cmin)
+            listed = packet_instances(geo, origin, dirs, n, ok)
     for j in range(n):
         col = c0 + j
         centre = wp.vec2(float(col) + 0.5, y)

@@ -315,6 +315,28 @@ def cone_instances(geo: SceneGeo, origin: wp.vec3, axis: wp.vec3, tan_cone: floa
 
 
 @wp.func(inline=True)
+def packet_instances(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, ok: vec64f) -> Listed:
+    """:func:`cone_instances` for the rays ``k < n`` with ``ok[k]`` != 0 from ``origin`` along unit ``dirs[k]``: a
+    cone around their mean direction that holds them all, of at most 60° (a wider one, or no ray: ``n`` = −1, not
+    listed)."""
+    listed = Listed()
+    listed.n = -1
+    axis = wp.vec3(0.0)
+    for j in range(n):
+        if ok[j] != 0.0:
+            axis += wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])
+    if wp.length(axis) > 0.0:
+        axis = wp.normalize(axis)
+        cmin = float(1.0)
+        for j in range(n):
+            if ok[j] != 0.0:
+                cmin = wp.min(cmin, wp.dot(axis, wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])))
+        if cmin > 0.5:  # a cone of at most 60 degrees
+            listed = cone_instances(geo, origin, axis, wp.sqrt(1.0 - cmin * cmin) / cmin)
+    return listed
+
+
+@wp.func(inline=True)
 def axis_meets_box(origin: wp.vec3, rcp: wp.vec3, lo: wp.vec3, hi: wp.vec3) -> bool:
     """False only where the ray from ``origin`` with reciprocal direction ``rcp`` surely misses the box (slabs;
     an undefined slab, 0·∞, rejects nothing)."""
@@ -562,6 +584,51 @@ def _same_point(a: wp.vec3, b: wp.vec3) -> bool:
     return wide_slot(a[0]) == wide_slot(b[0]) and wide_slot(a[1]) == wide_slot(b[1]) and wide_slot(a[2]) == wide_slot(b[2])
 
 
+#: The widest packet of :func:`trace_closest_packets_kernel` whose instances are listed: rays within 1° of its first
+#: (a camera row's run) meet the instances their cone lists; in a wider one (a lidar's column) most rays meet none of
+#: them and their own top-level queries cost less (measured on the built-in street: camera rays 16 % faster listed,
+#: a 5° lidar column 8 % slower).
+LIST_COS = wp.constant(0.9998477)
+
+
+@wp.func(inline=True)
+def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, reach: float, t_max: float,
+                  times: wp.array[float], s: int, res: mat64x4, hits: wp.array[Hit]) -> int:
+    """:func:`trace_closest_packets_kernel`'s hits of a narrow packet at one instant ``times[s]``, from 0, with the
+    instances its rays may meet listed once (:func:`packet_instances`): those that met a static surface within the
+    reach (or whose reach is their range) past the listed instances, traversed once as packets
+    (:func:`listed_packet`; none listed: the static answers alone), the others alone over their range. 0 (nothing
+    written) when they are not listed. (Its own function: its records are declared, and zeroed, only for such
+    packets.)"""
+    ok = vec64f()
+    active = vec64i()
+    for k in range(m):
+        ok[k] = 1.0
+        active[k] = wp.where(res[k, 1] >= 0.0 or reach >= t_max, 1, 0)
+    listed = packet_instances(geo, o, dirs, m, ok)
+    if listed.n < 0:
+        return 0
+    time = times[s]
+    if listed.n == 0:
+        for k in range(m):
+            d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+            if active[k] != 0:
+                hits[s + k] = static_hit(geo, o, d, time, 0.0, t_max, wp.vec4(res[k, 0], res[k, 1], res[k, 2],
+                                                                               res[k, 3]))
+            else:
+                hits[s + k] = closest_hit(geo, o, d, lo[k], t_max, time)
+        return 1
+    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, res, listed)
+    for k in range(m):
+        d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+        if active[k] != 0:
+            hits[s + k] = nearest_hit(geo, o, d, time, lt[k], lf[k], li[k], lu[k], lv[k],
+                                      wp.vec3(lnx[k], lny[k], lnz[k]))
+        else:
+            hits[s + k] = closest_hit(geo, o, d, lo[k], t_max, time)
+    return 1
+
+
 @wp.kernel
 def trace_closest_packets_kernel(
     geo: SceneGeo,
@@ -579,23 +646,32 @@ def trace_closest_packets_kernel(
     packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit) over
     the first ``PACKET_REACH`` metres of their range; a ray that meets nothing there is traced alone over its whole
     range (the closest hit inside the reach is the closest hit of the whole range, the same bits). Then the
-    instances ray by ray. Groups of rays from several origins, or not within ``PACKET_COS`` of one direction and
-    octant: ray by ray."""
+    instances: when the group's rays share their time too, those they may meet are listed once
+    (:func:`packet_instances`) and traversed as packets (:func:`listed_packet`; none listed: the static answers
+    alone), else ray by ray through the top level. Groups of rays from several origins, or not within
+    ``PACKET_COS`` of one direction and octant: ray by ray."""
     s = (wp.tid() + offset) * TRACE_PACKET
     m = wp.min(TRACE_PACKET, n - s)
     o = origins[s]
     d0 = wp.normalize(directions[s])  # (the same bits as its row below)
     dirs = mat64x3()
     shared = m > 1
+    same_time = bool(True)
+    narrow = bool(True)  # all within LIST_COS of the first
     for k in range(m):
         d = wp.normalize(directions[s + k])
         dirs[k, 0] = d[0]
         dirs[k, 1] = d[1]
         dirs[k, 2] = d[2]
-        if not _same_point(origins[s + k], o) or wp.dot(d, d0) < PACKET_COS:
+        c = wp.dot(d, d0)
+        if c < LIST_COS:
+            narrow = False
+        if not _same_point(origins[s + k], o) or c < PACKET_COS:
             shared = False
         if d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or d[2] * d0[2] <= 0.0:
             shared = False
+        if wide_slot(times[s + k]) != wide_slot(times[s]):
+            same_time = False
     if shared:
         lo = vec64f()
         hi = vec64f()
@@ -605,6 +681,9 @@ def trace_closest_packets_kernel(
             hi[k] = reach
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
                           dirs, lo, hi, m)
+        if geo.num_instances > 0 and narrow and same_time and t_min == 0.0:  # at one instant: instances listed
+            if _trace_listed(geo, o, dirs, m, lo, reach, t_max, times, s, res, hits) != 0:
+                return
         for k in range(m):
             d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
             if res[k, 1] >= 0.0 or reach >= t_max:
