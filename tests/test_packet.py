@@ -200,10 +200,11 @@ def _trace_ray_by_ray(geo: SceneGeometry, o, d, times, t_min: float, t_max: floa
 @pytest.mark.parametrize("t_min,t_max", [(0.0, 1.0e6), (2.5, 60.0)], ids=["full", "range"])
 def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
     """``SceneGeometry.trace`` takes rays 16 at a time and traverses a group that shares its origin as a packet
-    (a narrow one at one instant with the instances it may meet listed once and traversed as packets): the hits
-    equal tracing ray by ray, bit for bit, on the built-in scene with its moving cars — lidar columns, camera pixel
-    rows, narrow runs aimed at the cars, rays grazing the road, groups whose origins differ in one ray or only in
-    the sign of a zero, and a count that is no multiple of 16."""
+    (a narrow one past its reach too, and at one instant with the instances it may meet listed once and traversed
+    as packets): the hits equal tracing ray by ray, bit for bit, on the built-in scene with its moving cars — lidar
+    columns, camera pixel rows, narrow runs aimed at the cars and at the horizon (far surfaces, the open sky), rays
+    grazing the road, groups whose origins differ in one ray or only in the sign of a zero, and a count that is no
+    multiple of 16."""
     import wsim
 
     scene = wsim.load_scene("builtin")
@@ -234,6 +235,13 @@ def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
         u = np.linspace(-0.012, 0.012, 64)
         o.append(np.tile(org, (64, 1)))
         d.append(f[None] + u[:, None] * r[None] + rng.uniform(-0.02, 0.02) * np.array([0.0, 0.0, 1.0]))
+    for _ in range(60):  # narrow runs toward the horizon: far surfaces and the open sky, past the packets' reach
+        org = np.array([rng.uniform(-60, 60), rng.uniform(-4, 4), 1.5])
+        a = rng.uniform(0, 2 * np.pi)
+        f = np.array([np.cos(a), np.sin(a), rng.uniform(-0.02, 0.08)])
+        r = np.cross(f, [0.0, 0.0, 1.0])
+        o.append(np.tile(org, (64, 1)))
+        d.append(f[None] + np.linspace(-0.012, 0.012, 64)[:, None] * r[None])
     org = np.array([0.0, -0.0, 0.3])  # grazing the road, and zeros of either sign
     o.append(np.tile(org, (64, 1)))
     o[-1][np.arange(64) % 16 == 7, 1] = 0.0
@@ -250,5 +258,8 @@ def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
     assert hit.mean() > 0.5 and (b["instance"] >= 0).sum() > 500  # the cars are in it
     runs = slice(300 * 128 + 200 * 64, 300 * 128 + 200 * 64 + 120 * 64)
     assert (b["instance"][runs] >= 0).mean() > 0.1  # and the narrow runs see them
+    far = slice(runs.stop, runs.stop + 60 * 64)
+    beyond = ((b["face"][far] >= 0) & (b["t"][far] > 50.0)).mean()
+    assert (b["face"][far] < 0).mean() > 0.2 and (beyond > 0.05 or t_max < 100.0)  # the sky, and far surfaces
     for k in a:
         assert np.array_equal(np.ascontiguousarray(a[k]).view(np.uint8), np.ascontiguousarray(b[k]).view(np.uint8)), k

@@ -584,10 +584,11 @@ def _same_point(a: wp.vec3, b: wp.vec3) -> bool:
     return wide_slot(a[0]) == wide_slot(b[0]) and wide_slot(a[1]) == wide_slot(b[1]) and wide_slot(a[2]) == wide_slot(b[2])
 
 
-#: The widest packet of :func:`trace_closest_packets_kernel` whose instances are listed: rays within 1° of its first
-#: (a camera row's run) meet the instances their cone lists; in a wider one (a lidar's column) most rays meet none of
-#: them and their own top-level queries cost less (measured on the built-in street: camera rays 16 % faster listed,
-#: a 5° lidar column 8 % slower).
+#: The widest packet of :func:`trace_closest_packets_kernel` that goes on past the reach as a packet and lists its
+#: instances: rays within 1° of its first (a camera row's run) stay a narrow packet out of the scene and meet the
+#: instances their cone lists; in a wider one (a lidar's column) most rays meet none of them and their own
+#: top-level queries cost less (measured on the built-in street: camera rays 25 % faster so, a 5° lidar column
+#: 8 % slower listed).
 LIST_COS = wp.constant(0.9998477)
 
 
@@ -629,6 +630,44 @@ def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, 
     return 1
 
 
+@wp.func(inline=True)
+def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, reach: float, t_min: float,
+                  t_max: float, times: wp.array[float], s: int, same_time: bool, first: mat64x4,
+                  hits: wp.array[Hit]):
+    """:func:`trace_closest_packets_kernel`'s hits of a narrow packet (rays within ``LIST_COS`` of its first;
+    ``first``: their packet's answers within the reach): the rays that met nothing there go on as one packet over
+    their whole range (a narrow packet stays narrow out of the scene, cheaper than each ray alone); at one instant
+    from 0 the instances are listed once (:func:`_trace_listed`), else each ray's go through the top level. (Its own
+    function: its vectors are declared, and zeroed, only for such packets.)"""
+    res = first
+    full = reach
+    if reach < t_max:
+        far = vec64f()
+        n_far = int(0)
+        for k in range(m):
+            if res[k, 1] < 0.0:
+                far[k] = t_max
+                n_far += 1
+        if n_far > 1:
+            res_far = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2,
+                                  geo.wide_fid, o, dirs, lo, far, m)
+            for k in range(m):
+                if far[k] > 0.0:
+                    for e in range(4):
+                        res[k, e] = res_far[k, e]
+            full = t_max  # every answer is of the whole range now
+    if geo.num_instances > 0 and same_time and t_min == 0.0:
+        if _trace_listed(geo, o, dirs, m, lo, full, t_max, times, s, res, hits) != 0:
+            return
+    for k in range(m):
+        d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+        if res[k, 1] >= 0.0 or full >= t_max:
+            hits[s + k] = closest_hit_given(geo, o, d, t_min, t_max, times[s + k],
+                                            wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
+        else:
+            hits[s + k] = closest_hit(geo, o, d, t_min, t_max, times[s + k])
+
+
 @wp.kernel
 def trace_closest_packets_kernel(
     geo: SceneGeo,
@@ -645,10 +684,10 @@ def trace_closest_packets_kernel(
     at the same point (a lidar's column of emitters, a camera's pixels) they traverse the static 8-wide BVH as one
     packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit) over
     the first ``PACKET_REACH`` metres of their range; a ray that meets nothing there is traced alone over its whole
-    range (the closest hit inside the reach is the closest hit of the whole range, the same bits). Then the
-    instances: when the group's rays share their time too, those they may meet are listed once
-    (:func:`packet_instances`) and traversed as packets (:func:`listed_packet`; none listed: the static answers
-    alone), else ray by ray through the top level. Groups of rays from several origins, or not within
+    range (the closest hit inside the reach is the closest hit of the whole range, the same bits), then the
+    instances ray by ray through the top level. A narrow group (within ``LIST_COS``) is :func:`_trace_narrow`'s:
+    its rays that met nothing go on as one packet over their whole range, and at one instant (from 0) the instances
+    they may meet are listed once and traversed as packets. Groups of rays from several origins, or not within
     ``PACKET_COS`` of one direction and octant: ray by ray."""
     s = (wp.tid() + offset) * TRACE_PACKET
     m = wp.min(TRACE_PACKET, n - s)
@@ -681,9 +720,9 @@ def trace_closest_packets_kernel(
             hi[k] = reach
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
                           dirs, lo, hi, m)
-        if geo.num_instances > 0 and narrow and same_time and t_min == 0.0:  # at one instant: instances listed
-            if _trace_listed(geo, o, dirs, m, lo, reach, t_max, times, s, res, hits) != 0:
-                return
+        if narrow:
+            _trace_narrow(geo, o, dirs, m, lo, reach, t_min, t_max, times, s, same_time, res, hits)
+            return
         for k in range(m):
             d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
             if res[k, 1] >= 0.0 or reach >= t_max:
