@@ -11,6 +11,7 @@ import pytest
 import warp as wp
 from conftest import box_mesh, quad_mesh
 
+import wsim.kernels.shading as _kshade
 from wsim.scene import CameraCalibration, Instance, Material, MeshData, Part, Scene, Trajectory
 from wsim.scene.transforms import matrix_to_quat, quat_from_axis_angle, quat_slerp, quat_to_matrix
 from wsim.sensors.camera import (Camera, CameraProduct, Cuboid, ShutterType, composite_ego_mask, draw_boxes,
@@ -377,6 +378,36 @@ def test_renders_are_bit_identical(device):
     assert len(np.unique(a["color"].reshape(-1, 3), axis=0)) > 50  # shaded, not flat
     car = scene.semantic_classes.index("car")
     assert (a["semantics"] == car).sum() > 30
+
+
+@wp.kernel
+def _srgb_both_kernel(x: wp.array[float], table: wp.array[float], direct: wp.array[wp.uint8],
+                      tabled: wp.array[wp.uint8]):
+    i = wp.tid()
+    direct[i] = _kshade.srgb_u8(x[i])
+    tabled[i] = _kshade.srgb_of(table, x[i])
+
+
+def test_srgb_thresholds_give_the_encoding_byte_for_byte(device):
+    """Colour pixels are sRGB-encoded through 256 thresholds made with the encoding itself: the same byte as the
+    power-law formula for every value, at and around each threshold (±8 floats), over [0, 1] densely and outside
+    it; and the byte changes exactly at the thresholds, as sRGB's do."""
+    from wsim.sensors.camera_render import srgb_table
+
+    table = srgb_table(device)
+    t = table.numpy()
+    assert t[0] == 0.0 and np.all(np.diff(t) > 0) and t[255] <= 1.0
+    lin = (np.arange(256) / 255.0 + 0.5 / 255.0)  # the byte boundaries of sRGB, decoded to linear
+    ref = np.where(lin <= 0.04045, lin / 12.92, ((lin + 0.055) / 1.055) ** 2.4)[:-1]
+    np.testing.assert_allclose(t[1:], ref, rtol=1e-5, atol=1e-7)
+    bits = t.view(np.int32)[1:, None] + np.arange(-8, 9)[None]
+    x = np.concatenate([bits.reshape(-1).view(np.float32), np.linspace(0.0, 1.0, 1 << 20, dtype=np.float32),
+                        np.float32([-1.0, -0.0, 1.0, 1.5, 1e30, 1e-40])])
+    xs = wp.array(x, dtype=float, device=device)
+    direct = wp.empty(len(x), dtype=wp.uint8, device=device)
+    tabled = wp.empty(len(x), dtype=wp.uint8, device=device)
+    wp.launch(_srgb_both_kernel, len(x), [xs, table], [direct, tabled], device=device)
+    np.testing.assert_array_equal(tabled.numpy(), direct.numpy())
 
 
 def test_shadow_darkens_ground(device):

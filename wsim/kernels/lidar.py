@@ -608,8 +608,9 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
 def ranked_of(p: LidarParams, m: int, cr: vec64f, cs: vec64f, cc: vec64i, ct: vec64f) -> Echoes:
     """The echoes of the ``m`` range-sorted contributions (ranges ``cr`` [m], signals ``cs``, codes ``cc``, weights·τ
     ``ct``): :func:`merge_peaks`'s peaks, strongest signal first (EchoId 0 = strongest; equal signals: the nearer
-    peak first), capped at max_returns, each with its strongest member as the representative surface. One pass: a peak, once its last member is in, takes its place among the strongest so
-    far (the same sums in the same order as :func:`merge_peaks`, no table of every peak)."""
+    peak first), capped at max_returns, each with its strongest member as the representative surface. One pass: a
+    peak, once its last member is in, takes its place among the strongest so far (the same sums in the same order
+    as :func:`merge_peaks`, no table of every peak)."""
     ech = Echoes()
     r = vec8f()
     s = vec8f()

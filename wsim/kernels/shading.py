@@ -34,6 +34,7 @@ class ShadeTables:
         proto_colors: Concatenated prototype vertex colours.
         material_texture: Per material (texel offset, width, height, enabled) into ``texels`` (linear RGB).
         static_uv, proto_uv: Per-corner texture coordinates (3 per triangle); ``inst_uv_offset`` per instance.
+        srgb: :func:`srgb_table_kernel`'s 256 thresholds (the sRGB8 encoding without a power per channel).
     """
 
     material_color: wp.array[wp.vec3]
@@ -46,6 +47,7 @@ class ShadeTables:
     static_uv: wp.array[wp.vec2]
     inst_uv_offset: wp.array[wp.int32]
     proto_uv: wp.array[wp.vec2]
+    srgb: wp.array[float]
 
 
 #: Length of a shadow ray toward the sun [m].
@@ -199,12 +201,47 @@ def srgb_u8(x: float) -> wp.uint8:
     return wp.uint8(int(s * 255.0 + 0.5))
 
 
+@wp.kernel
+def srgb_table_kernel(out: wp.array[float]):
+    """``out[v]``: the least float in [0, 1] that :func:`srgb_u8` encodes as v or more (``out[0]`` = 0), by
+    bisection down to neighbouring floats with the very function (and this device's power)."""
+    v = wp.tid()
+    out[v] = 0.0
+    if v > 0:
+        lo = float(0.0)  # srgb_u8(lo) < v <= srgb_u8(hi)
+        hi = float(1.0)
+        for _k in range(200):
+            mid = lo + 0.5 * (hi - lo)
+            if mid <= lo or mid >= hi:
+                break
+            if int(srgb_u8(mid)) >= v:
+                hi = mid
+            else:
+                lo = mid
+        out[v] = hi
+
+
 @wp.func(inline=True)
-def write_rgb(color: wp.array3d[wp.uint8], row: int, col: int, acc: wp.vec3):
-    """A pixel's linear radiance as sRGB8."""
-    color[row, col, 0] = srgb_u8(acc[0])
-    color[row, col, 1] = srgb_u8(acc[1])
-    color[row, col, 2] = srgb_u8(acc[2])
+def srgb_of(table: wp.array[float], x: float) -> wp.uint8:
+    """:func:`srgb_u8` by the thresholds of :func:`srgb_table_kernel`: the largest v with ``table[v]`` <= x, in 8
+    comparisons (the same bytes: the encoding is monotone in x; a NaN gives 0)."""
+    c = wp.clamp(x, 0.0, 1.0)
+    v = int(0)
+    step = int(128)
+    while step > 0:
+        if v + step <= 255:
+            if c >= table[v + step]:
+                v += step
+        step = step // 2
+    return wp.uint8(v)
+
+
+@wp.func(inline=True)
+def write_rgb(color: wp.array3d[wp.uint8], row: int, col: int, acc: wp.vec3, srgb: wp.array[float]):
+    """A pixel's linear radiance as sRGB8 (``srgb``: :attr:`ShadeTables.srgb`)."""
+    color[row, col, 0] = srgb_of(srgb, acc[0])
+    color[row, col, 1] = srgb_of(srgb, acc[1])
+    color[row, col, 2] = srgb_of(srgb, acc[2])
 
 
 @wp.func(inline=True)
@@ -328,7 +365,7 @@ def render_kernel(
                 if r[3] > 0.0:
                     d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
                     acc += shade_ray(geo, tables, light, origin, d, t_max, time)
-        write_rgb(color, row, col, acc * (inv * inv))
+        write_rgb(color, row, col, acc * (inv * inv), tables.srgb)
 
 
 #: Pixels of one image row traced as one packet by :func:`render_rows_kernel`.
@@ -455,11 +492,11 @@ def render_rows_kernel(
                         s_hi = wp.max(s_hi, st.shadow_origin)
                         n_lit += 1
                     else:
-                        write_rgb(color, row, col, shade_lit(light, st, 1.0))
+                        write_rgb(color, row, col, shade_lit(light, st, 1.0), tables.srgb)
                 else:
-                    write_rgb(color, row, col, shade_hit(geo, tables, light, d, hit, time))
+                    write_rgb(color, row, col, shade_hit(geo, tables, light, d, hit, time), tables.srgb)
         elif want_color != 0:
-            write_rgb(color, row, col, wp.vec3(0.0))
+            write_rgb(color, row, col, wp.vec3(0.0), tables.srgb)
         if want_raw != 0:
             distance[row, col] = h.t
             semantic[row, col] = h.semantic
@@ -495,7 +532,7 @@ def render_rows_kernel(
                 vis = float(1.0)
                 if blocked:
                     vis = 0.0
-                write_rgb(color, row, c0 + j, shade_lit(light, st, vis))
+                write_rgb(color, row, c0 + j, shade_lit(light, st, vis), tables.srgb)
 
 
 @wp.kernel

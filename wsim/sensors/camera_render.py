@@ -195,6 +195,20 @@ class CameraFrame:
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+_SRGB: dict[str, wp.array] = {}
+
+
+def srgb_table(device: Any) -> wp.array:
+    """The sRGB8 encoding's 256 thresholds on ``device`` (:func:`wsim.kernels.shading.srgb_table_kernel`), made
+    once per device."""
+    key = str(wp.get_device(device))
+    if key not in _SRGB:
+        table = wp.empty(256, dtype=float, device=device)
+        wp.launch(_kshade.srgb_table_kernel, 256, [table], device=device)
+        _SRGB[key] = table
+    return _SRGB[key]
+
+
 def _shade_tables(geo: Any) -> _kshade.ShadeTables:
     tab = _TABLES.get(geo)
     if tab is not None:
@@ -228,6 +242,7 @@ def _shade_tables(geo: Any) -> _kshade.ShadeTables:
     t.proto_uv = wp.array(tex.proto_uv, dtype=wp.vec2, device=d)
     t.inst_uv_offset = wp.array([int(tex.proto_uv_offset[i.prototype]) for i in geo.instances] or [0],
                                 dtype=wp.int32, device=d)
+    t.srgb = srgb_table(d)
     _TABLES[geo] = t
     return t
 
