@@ -218,6 +218,63 @@ def test_moving_sensor_compensation_and_world_frame(device):
     np.testing.assert_allclose(x_e[wall, 0], 48.0, atol=2e-3)
 
 
+@pytest.mark.parametrize("frame", ["SENSOR", "COMPENSATED", "WORLD"])
+def test_velocity_seen_from_a_turning_sensor(device, frame):
+    """A sensor yawing at ω = 0.8 rad/s while moving at 6 m/s: a static wall point at p (sensor axes at the firing)
+    moves at −R(t)ᵀV − ω × p relative to it, a car moving at U at R(t)ᵀ(U − V) − ω × p; in WORLD axes R(t)·that,
+    COMPENSATED in the axes of the reference pose (the scan start)."""
+    from wsim.sensors import lidar_config as lc
+
+    scene = box_room_scene([-60, -60, -10], [60, 60, 10])
+    bp, bf = box_mesh([-2, -4, -1], [2, 4, 1])
+    scene.parts.append(Part("/World/Car/body", material=1, semantic_class=scene.semantic_class_index("car")))
+    scene.prototypes.append(MeshData(bp, bf, len(scene.parts) - 1))
+    u = np.array([0.0, 9.0, 0.0])
+    scene.instances.append(Instance(0, [0.0, 2.0], [[25, -3, 0], [25, -3, 0] + 2 * u], [[0, 0, 0, 1]] * 2,
+                                    object_id=9, name="/World/Car"))
+    w, v = 0.8, np.array([6.0, 0.0, 0.0])
+    times = np.linspace(0.0, 1.0, 11)  # keys every 0.1 s: slerp at a constant rate
+    traj = Trajectory(times, [v * t for t in times], [quat_from_axis_angle([0, 0, 1], w * t) for t in times])
+    kw = {}
+    if frame == "WORLD":
+        kw["output_frame_of_reference"] = lc.FrameOfReference.WORLD
+    if frame == "COMPENSATED":
+        kw["output_motion_compensation_state"] = lc.MotionCompensation.COMPENSATED
+    lid = Lidar(config=solid_state(np.linspace(-40, 40, 41), [0.0], fire_ns=np.arange(41) * 1_000_000, **kw),
+                scene=scene, device=device, trajectory=traj)
+    out = lid.render(0.2, 0.3).numpy()
+    t = 0.2 + out["TimeOffsetNs"] * 1e-9  # firing times (timestampNs: the scan start, 0.2 s)
+    yaw = w * t
+    c, s_ = np.cos(yaw), np.sin(yaw)
+    on_car = out["SemanticId"] == scene.semantic_class_index("car")
+    assert on_car.sum() >= 3 and (~on_car).sum() >= 20
+    # points in the sensor axes at the firing, from the world points
+    xyz = out["Coordinates"].T.astype(np.float64)
+    if frame == "WORLD":
+        rel = xyz - v * t[:, None]
+        p_s = np.stack([c * rel[:, 0] + s_ * rel[:, 1], -s_ * rel[:, 0] + c * rel[:, 1], rel[:, 2]], 1)
+    elif frame == "COMPENSATED":  # reference pose at 0.2 s: back to the firing pose
+        y0 = w * 0.2
+        world = np.stack([np.cos(y0) * xyz[:, 0] - np.sin(y0) * xyz[:, 1],
+                          np.sin(y0) * xyz[:, 0] + np.cos(y0) * xyz[:, 1], xyz[:, 2]], 1) + v * 0.2
+        rel = world - v * t[:, None]
+        p_s = np.stack([c * rel[:, 0] + s_ * rel[:, 1], -s_ * rel[:, 0] + c * rel[:, 1], rel[:, 2]], 1)
+    else:
+        p_s = xyz
+    moving = np.where(on_car[:, None], u, 0.0) - v  # world velocity of the surface relative to the sensor origin
+    lin = np.stack([c * moving[:, 0] + s_ * moving[:, 1], -s_ * moving[:, 0] + c * moving[:, 1], moving[:, 2]], 1)
+    expect = lin - np.cross([0.0, 0.0, w], p_s)  # sensor axes at the firing
+    if frame == "WORLD":
+        expect = np.stack([c * expect[:, 0] - s_ * expect[:, 1], s_ * expect[:, 0] + c * expect[:, 1],
+                           expect[:, 2]], 1)
+    elif frame == "COMPENSATED":
+        d = yaw - w * 0.2
+        expect = np.stack([np.cos(d) * expect[:, 0] - np.sin(d) * expect[:, 1],
+                           np.sin(d) * expect[:, 0] + np.cos(d) * expect[:, 1], expect[:, 2]], 1)
+    assert np.abs(expect).max() > 40.0  # the turn dominates at 60 m
+    np.testing.assert_allclose(out["Velocity"], expect, atol=2e-2)
+
+
 def test_velocity_of_moving_car_and_normals_of_known_planes(device):
     scene = box_room_scene([-100, -100, -10], [100, 100, 10])
     bp, bf = box_mesh([-2, -1, -1], [2, 1, 1])

@@ -816,9 +816,9 @@ def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firi
 @wp.func(inline=True)
 def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp.transform], ray: FiringRay,
                  time: float, ref_time: float, custom: wp.mat44) -> OutputFrame:
-    """The poses of the output step: at the firing, at the compensation reference (COMPENSATED), and the ±1 ms
-    velocity window (one-sided at the ends of the trajectory; only when Velocity is wanted), with the sensor's
-    displacements from the firing to each of them."""
+    """The poses of the output step: at the firing and at the compensation reference (COMPENSATED), with the
+    sensor's displacement between them; when Velocity is wanted, the affine map of a surface point's position and
+    velocity to its velocity relative to the sensor (:func:`velocity_map`)."""
     of = OutputFrame()
     of.sensor = ray.sensor
     of.ref = ray.sensor
@@ -829,13 +829,42 @@ def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
         of.shift_ref = displacement(poses, ray.key, ray.offset, i_r, d_r)
     if (p.want & WANT_VELOCITY) == 0:
         return of
-    of.win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], time, 1.0e-3)
-    before, i_a, d_a = sensor_pose(pose_times, poses, of.win[0])
-    after, i_b, d_b = sensor_pose(pose_times, poses, of.win[1])
-    of.before = before
-    of.after = after
-    of.shift_before = displacement(poses, ray.key, ray.offset, i_a, d_a)
-    of.shift_after = displacement(poses, ray.key, ray.offset, i_b, d_b)
+    return velocity_map(p, pose_times, poses, ray, time, of)
+
+
+@wp.func
+def velocity_map(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp.transform], ray: FiringRay,
+                 time: float, of: OutputFrame) -> OutputFrame:
+    """``of`` with its velocity map: a point's velocity relative to the sensor is the difference quotient, over
+    the ±1 ms window around the firing (one-sided at the ends of the trajectory), of its position in the sensor
+    frame, p(t') = R(t')ᵀ (q − s(t') + v_w (t' − t)) with q the point from the sensor at the firing and s the
+    sensor's displacement since (sensor-relative: no world positions subtracted), turned into the world axes at
+    the firing, then the output frame's. Linear in q and v_w: (pb − pa)/Δ = M q + c + N v_w with
+    M = (Rbᵀ − Raᵀ)/Δ, c = (Raᵀ sa − Rbᵀ sb)/Δ, N = (Rbᵀ (wb − t) − Raᵀ (wa − t))/Δ, each premultiplied by the
+    output axes G·R(t) (G = R(t)ᵀ: the identity, SENSOR uncompensated), once per firing pose."""
+    win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], time, 1.0e-3)
+    before, i_a, d_a = sensor_pose(pose_times, poses, win[0])
+    after, i_b, d_b = sensor_pose(pose_times, poses, win[1])
+    sa = displacement(poses, ray.key, ray.offset, i_a, d_a)
+    sb = displacement(poses, ray.key, ray.offset, i_b, d_b)
+    ra = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(before)))
+    rb = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(after)))
+    inv = 1.0 / (win[1] - win[0])
+    m = (rb - ra) * inv
+    c = (ra * sa - rb * sb) * inv
+    n = (rb * (win[1] - time) - ra * (win[0] - time)) * inv
+    g = wp.identity(n=3, dtype=float)  # SENSOR, uncompensated: the firing's own axes
+    rs = wp.quat_to_matrix(wp.transform_get_rotation(ray.sensor))
+    if p.frame == FRAME_WORLD:
+        g = rs
+    elif p.frame == FRAME_CUSTOM:
+        g = wp.mat33(of.custom[0, 0], of.custom[0, 1], of.custom[0, 2], of.custom[1, 0], of.custom[1, 1],
+                     of.custom[1, 2], of.custom[2, 0], of.custom[2, 1], of.custom[2, 2]) * rs
+    elif p.compensated != 0:
+        g = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(of.ref))) * rs
+    of.vel_q = g * m
+    of.vel_c = g * c
+    of.vel_w = g * n
     return of
 
 
@@ -905,7 +934,7 @@ PI_2 = wp.constant(1.5707963267948966)
 PI_1 = wp.constant(3.141592653589793)
 
 
-@wp.func
+@wp.func(inline=True)
 def fast_atan2(y: float, x: float) -> float:
     """atan2(y, x) [rad] in [−π, π] within 3 float32 ulp (2.6e-7 rad; the libm call it replaces costs some 12 ns, a
     third of a return's output step): the smaller of |x|, |y| over the larger, reduced to [0, tan(π/8)] by
@@ -949,16 +978,14 @@ def coords_from(p: LidarParams, c: wp.vec3) -> wp.vec3:
 
 
 @wp.func(inline=True)
-def relative_velocity(geo: SceneGeo, h: Hit, time: float, of: OutputFrame) -> wp.vec3:
-    """Velocity of the hit point (carried by its object) relative to the moving sensor: the difference quotient over
-    the window of its position in the sensor frame, in the world axes of the firing pose [m/s]. Positions are taken
-    relative to the sensor at the firing and moved by the sensor's displacements (sensor-relative)."""
-    vw = point_velocity(geo, h)
-    q = h.point - wp.transform_get_translation(of.sensor)
-    pa = wp.quat_rotate_inv(wp.transform_get_rotation(of.before), q - of.shift_before + vw * (of.win[0] - time))
-    pb = wp.quat_rotate_inv(wp.transform_get_rotation(of.after), q - of.shift_after + vw * (of.win[1] - time))
-    v_s = (pb - pa) / (of.win[1] - of.win[0])
-    return wp.transform_vector(of.sensor, v_s)
+def relative_velocity(geo: SceneGeo, h: Hit, of: OutputFrame) -> wp.vec3:
+    """Velocity of the hit point (carried by its object) relative to the moving sensor, in the output frame's axes
+    [m/s]: :func:`velocity_map` of the point taken from the sensor at the firing (sensor-relative) and of its
+    object's velocity."""
+    v = of.vel_q * (h.point - wp.transform_get_translation(of.sensor)) + of.vel_c
+    if h.instance >= 0:
+        v = v + of.vel_w * point_velocity(geo, h)
+    return v
 
 
 @wp.func(inline=True)
@@ -984,7 +1011,7 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     if (p.want & WANT_NORMAL) != 0:
         ret.normal = to_output(p, h.normal, of)
     if (p.want & WANT_VELOCITY) != 0:
-        ret.velocity = to_output(p, relative_velocity(geo, h, fr.time, of), of)
+        ret.velocity = relative_velocity(geo, h, of)
     ret.tau = tau
     if (p.want & WANT_DIFF) != 0:  # (only the differentiable pass reads it)
         ret.rep_s = tau * surface_signal(geo, p, h, dk, refl)
@@ -1120,10 +1147,7 @@ def lidar_fire_kernel(
     p: LidarParams,
     em: EmitterTable,
     ticks: TickTable,
-    pose_times: wp.array[float],
     poses: wp.array[wp.transform],
-    ref_time: float,
-    custom: wp.mat44,
     refl: wp.array[float],
     trans: wp.array[float],
     gain: wp.array[float],
@@ -1159,7 +1183,6 @@ def lidar_fire_kernel(
             w = first[f]
         ech, srf = find_echoes(geo, p, ray, fr.time, refl, trans, w)
         of = fp.frame
-        of.custom = custom
         for r in range(p.max_returns):
             if r < ech.n:
                 deliver_echo(geo, p, em, ticks, fr, ray, of, ech.first, r, ech.code[r], ech.rep_r[r], ech.r[r],
@@ -1244,6 +1267,7 @@ def firing_pose_kernel(
     pose_times: wp.array[float],
     poses: wp.array[wp.transform],
     ref_time: float,
+    custom: wp.mat44,
     offset: int,
     out: wp.array[FiringPose],
 ):
@@ -1264,7 +1288,7 @@ def firing_pose_kernel(
     fp = FiringPose()
     fp.key = key
     fp.offset = off
-    fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time, wp.identity(n=4, dtype=float))
+    fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time, custom)
     out[i] = fp
 
 

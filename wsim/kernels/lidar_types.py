@@ -233,11 +233,11 @@ class OutputFrame:
     ref: wp.transform  # sensor pose at the compensation reference time
     custom: wp.mat44  # world → CUSTOM frame
     shift_ref: wp.vec3  # sensor displacement T(ref) − T(firing) [m] (COMPENSATED)
-    win: wp.vec2  # velocity difference window [s]
-    before: wp.transform  # sensor pose at win[0]
-    after: wp.transform  # sensor pose at win[1]
-    shift_before: wp.vec3  # T(win[0]) − T(firing) [m]
-    shift_after: wp.vec3  # T(win[1]) − T(firing) [m]
+    # Velocity (only when wanted): a surface point q [m] (world axes, from the sensor at the firing) moving at v_w
+    # [m/s] moves at vel_q·q + vel_c + vel_w·v_w [m/s] relative to the sensor, in the output frame's axes
+    vel_q: wp.mat33
+    vel_c: wp.vec3
+    vel_w: wp.mat33
 
 
 @wp.struct
@@ -247,7 +247,7 @@ class FiringPose:
 
     key: wp.int32  # trajectory key of the firing time's segment
     offset: wp.vec3  # sensor displacement from that key to the firing [m]
-    frame: OutputFrame  # sensor pose at the firing and the output step's poses (custom left unset)
+    frame: OutputFrame  # sensor pose at the firing and the output step's poses
 
 
 @wp.struct

@@ -431,7 +431,7 @@ class Lidar:
             fire_slot, slot_ns, n_fs = self._fire_slots()
             fposes = wp.empty(n_ticks * n_fs, dtype=K.FiringPose, device=d)
             _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
-                                                                  float(ref_time)], [fposes], device=d)
+                                                                  float(ref_time), custom], [fposes], device=d)
             if ov.get("rays"):
                 return self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
             first = wp.empty(0, dtype=wp.vec4, device=d)
@@ -443,8 +443,8 @@ class Lidar:
                                [first], device=d, min_shard=max(1, _launch.MIN_SHARD // int(K.FIRST_PACKET)))
             batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
             _launch.launch(K.lidar_fire_kernel, -(-n_fire // batch),
-                           [geo.geo, p, em, tt, pose_times, poses, float(ref_time), custom,
-                            refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes, first, n_fire, batch],
+                           [geo.geo, p, em, tt, poses, refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes,
+                            first, n_fire, batch],
                            [slots], device=d, min_shard=max(1, _launch.MIN_SHARD // batch))
         pc, src = self._compact(slots, n_slots, chans, p, em, tt, frame, start_pose, end_pose, comp_ref)
         if not requires_grad:  # (a tape keeps reading its render's slots)
