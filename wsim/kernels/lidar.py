@@ -41,11 +41,25 @@ from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Lis
 
 
 # ---------------------------------------------------------------------------------------------- small helpers
+INV_2PI = wp.constant(0.15915494309189535)  # 1 / (2π)
+
+
+@wp.func(inline=True)
+def unit_near(v: wp.vec3) -> wp.vec3:
+    """``v`` normalised when it is already unit to within float32 rounding (a rotated unit vector): one Newton step
+    of 1/|v|, v·(3 − |v|²)/2, in place of a square root and a division (the same to an ulp, differentiable with
+    normalisation's Jacobian at unit length); any other ``v`` through :func:`wp.normalize`."""
+    q = wp.dot(v, v)
+    if wp.abs(q - 1.0) > 1.0e-4:
+        return wp.normalize(v)
+    return v * (1.5 - 0.5 * q)
+
+
 @wp.func(inline=True)
 def wrap_pi(a: float) -> float:
-    """Angle wrapped to (−π, π]."""
+    """Angle wrapped to (−π, π] (by the reciprocal of 2π: no division on the firing's path)."""
     twopi = 2.0 * wp.pi
-    r = a - twopi * wp.floor(a / twopi)  # [0, 2π)
+    r = a - twopi * wp.floor(a * INV_2PI)  # [0, 2π)
     if r > wp.pi:
         r = r - twopi
     return r
@@ -60,9 +74,10 @@ def sph_dir(az: float, el: float) -> wp.vec3:
 # ------------------------------------------------------------------------------------------------ 1. schedule
 @wp.func(inline=True)
 def spin_angle(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64) -> float:
-    """Firing angle φ [rad] in [0, 2π) of a rotary head, from the scan start to the firing."""
-    phi = 2.0 * wp.pi * (ticks.rel_scan[ti] + float(fire_ns) * 1.0e-9) / p.scan_period
-    return phi - 2.0 * wp.pi * wp.floor(phi / (2.0 * wp.pi))
+    """Firing angle φ [rad] in [0, 2π) of a rotary head, from the scan start to the firing: the fraction of a turn
+    (time × scan rate, no division) times 2π."""
+    turns = (ticks.rel_scan[ti] + float(fire_ns) * 1.0e-9) * p.scan_rate
+    return 2.0 * wp.pi * (turns - wp.floor(turns))
 
 
 @wp.func(inline=True)
@@ -163,7 +178,7 @@ def emitter_ray(em: EmitterTable, fr: Firing, sensor: wp.transform, key: int, of
     # key translation + (in-segment displacement + rotated offset): one rounding at the key's magnitude
     rel = offset + wp.transform_vector(sensor, ray.origin_s)
     ray.origin = wp.transform_get_translation(poses[key]) + rel
-    ray.dir = wp.normalize(wp.transform_vector(sensor, ray.dir_s))
+    ray.dir = unit_near(wp.transform_vector(sensor, ray.dir_s))
     return ray
 
 

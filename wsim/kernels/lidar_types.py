@@ -41,7 +41,7 @@ class LidarParams:
     num_emitters: wp.int32
     rotary: wp.int32
     ccw: wp.int32
-    scan_period: float
+    scan_rate: float  # scans per second [1/s] (the reciprocal of the scan period)
     start_az_offset: float
     valid_start: float
     valid_end: float

@@ -330,7 +330,7 @@ class Lidar:
         p.num_emitters = c.number_of_emitters
         p.rotary = int(c.scan_type is ScanType.ROTARY)
         p.ccw = int(c.rotation_direction == "CCW")
-        p.scan_period = c.scan_period_s
+        p.scan_rate = 1.0 / c.scan_period_s
         p.start_az_offset = np.deg2rad(c.start_azimuth_offset_deg)
         p.valid_start = np.deg2rad(c.valid_start_azimuth_deg % 360.0) if c.valid_start_azimuth_deg != 360 else 2 * np.pi
         p.valid_end = np.deg2rad(c.valid_end_azimuth_deg if 0 <= c.valid_end_azimuth_deg <= 360
