@@ -7,7 +7,7 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
 2. firing pose — :func:`sensor_pose`, :func:`firing_ray`: the sensor pose at the firing time (kept as trajectory key +
    displacement for sensor-relative arithmetic), the emitter's origin and direction;
 3. beam sub-rays — :func:`beam_offset`, :func:`subray_dir`: the footprint's sub-rays and their weights;
-4. surface walk — :func:`walk_idealized`, :func:`walk_beam`: the surfaces along each (sub-)ray, continuing through
+4. surface walk — :func:`deliver_idealized`, :func:`walk_beam`: the surfaces along each (sub-)ray, continuing through
    transmissive materials;
 5. echo merge — :func:`ranked_echoes` (:func:`merge_peaks` for the gradients): beam contributions merged into
    peaks, strongest first;
@@ -297,48 +297,6 @@ def nth_hit(geo: SceneGeo, o: wp.vec3, d: wp.vec3, depth: int, t_max: float, tim
         if h.face >= 0:
             h = continue_past(geo, o, d, h.t, t_max, time)
     return h
-
-
-@wp.func(inline=True)
-def walk_idealized(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
-                   trans: wp.array[float], first: wp.vec4) -> Echoes:
-    """An idealized ray's echoes in path order: the first surface, then the surfaces behind transmissive ones
-    (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray. ``first``: the static
-    wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it, or ``FIRST_UNKNOWN`` in ``[1]``
-    (then the ray is traced here)."""
-    ech = Echoes()
-    r = vec8f()
-    s = vec8f()
-    code = vec8i()
-    taus = vec8f()
-    n = int(0)
-    tau = float(1.0)
-    h = miss()
-    if first[1] != FIRST_UNKNOWN:
-        h = closest_hit_given(geo, ray.origin, ray.dir, 0.0, p.far, time, first)
-    else:
-        h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, time)
-    ech.first = h
-    depth = int(0)
-    while h.face >= 0 and n < p.max_returns:
-        r[n] = h.t
-        s[n] = tau * surface_signal(geo, p, h, ray.dir, refl)
-        code[n] = depth
-        taus[n] = tau
-        n += 1
-        tr = trans[h.material]
-        if tr <= 0.0 or n >= p.max_returns:  # an opaque surface, or no echo left to fill
-            break
-        tau = tau * tr
-        h = continue_past(geo, ray.origin, ray.dir, h.t, p.far, time)
-        depth += 1
-    ech.n = n
-    ech.r = r
-    ech.s = s
-    ech.code = code
-    ech.tau = taus
-    ech.rep_r = r
-    return ech
 
 
 @wp.func(inline=True)
@@ -686,7 +644,6 @@ def ranked_of(p: LidarParams, m: int, cr: vec64f, cs: vec64f, cc: vec64i, ct: ve
     ech.code = code
     ech.tau = taus
     ech.rep_r = rep
-    ech.first = miss()
     return ech
 
 
@@ -711,16 +668,6 @@ def surfaces_of(ech: Echoes, face: vec64i, inst: vec64i, u: vec64f, v: vec64f, n
         srf.ny[r] = ny[code]
         srf.nz[r] = nz[code]
     return srf
-
-
-@wp.func(inline=True)
-def find_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl: wp.array[float],
-                trans: wp.array[float], first: wp.vec4):
-    """Steps 3–5: the firing's echoes, by ray type, and (beams) their representative surfaces (``first``: see
-    :func:`walk_idealized`)."""
-    if p.ray_type == RAY_IDEALIZED:
-        return walk_idealized(geo, p, ray, time, refl, trans, first), EchoSurfaces()
-    return beam_echoes(geo, p, ray, time, refl, trans)
 
 
 @wp.func(inline=True)
@@ -761,17 +708,11 @@ def beam_echoes(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, refl
 
 # ------------------------------------------------------------------------------- 6. detection and intensity
 @wp.func(inline=True)
-def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, first: Hit, code: int, rep_r: float,
-                 r: int, face: int, inst: int, u: float, v: float, n: wp.vec3):
-    """Echo r's representative surface (code, distance ``rep_r`` [m] along its sub-ray), the sub-ray and its
-    direction: an idealized ray's first echo is its ``first`` surface, a later one found again along the ray (its
-    surfaces up to it lie no farther than its distance: a range just beyond it finds the same ones, with the tree
-    culled past it); a beam's echo has its Hit rebuilt from the record the walk kept (face, instance, barycentrics,
-    unit normal ``n``: :class:`EchoSurfaces`), without a second query."""
-    if p.ray_type == RAY_IDEALIZED:
-        if r == 0:
-            return first, 0, ray.dir
-        return nth_hit(geo, ray.origin, ray.dir, code, wp.min(p.far, rep_r * 1.001 + 1.0e-3), time), 0, ray.dir
+def echo_surface(geo: SceneGeo, p: LidarParams, ray: FiringRay, time: float, code: int, rep_r: float,
+                 face: int, inst: int, u: float, v: float, n: wp.vec3):
+    """A beam echo's representative surface (code, distance ``rep_r`` [m] along its sub-ray), the sub-ray and its
+    direction: its Hit rebuilt from the record the walk kept (face, instance, barycentrics, unit normal ``n``:
+    :class:`EchoSurfaces`), without a second query."""
     k = code // p.hits_per_subray
     dk = subray_dir(ray.dir, k, p)
     return hit_record(geo, ray.origin, dk, time, rep_r, face, inst, u, v, n), k, dk
@@ -1135,20 +1076,60 @@ def write_return(p: LidarParams, out: Slots, slot: int, ret: Return, obj_hash: w
 
 @wp.func(inline=True)
 def deliver_echo(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, ray: FiringRay,
-                 of: OutputFrame, first: Hit, r: int, code: int, rep_r: float, peak_r: float, peak_s: float,
+                 of: OutputFrame, r: int, code: int, rep_r: float, peak_r: float, peak_s: float,
                  tau: float, face: int, inst: int, u: float, v: float, n: wp.vec3, refl: wp.array[float],
                  gain: wp.array[float], obj_hash: wp.array[wp.vec3ui], part_number: wp.array[wp.uint32], out: Slots,
                  slot: int):
     """Steps 6–8 for echo r (its :class:`Echoes` and :class:`EchoSurfaces` entries): its return into ``slot``, or
     a blank one where its surface is not found again. (Early returns, no struct chosen after a branch: Warp
     copies a struct assigned under a condition once more.)"""
-    h, k, dk = echo_surface(geo, p, ray, fr.time, first, code, rep_r, r, face, inst, u, v, n)
+    h, k, dk = echo_surface(geo, p, ray, fr.time, code, rep_r, face, inst, u, v, n)
     if h.face < 0:
         write_blank(p, out, slot)
         return
+    deliver_hit(geo, p, em, ticks, fr, ray, of, h, r, k, dk, peak_r, peak_s, tau, refl, gain, obj_hash, part_number,
+                out, slot)
+
+
+@wp.func(inline=True)
+def deliver_hit(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, ray: FiringRay,
+                of: OutputFrame, h: Hit, r: int, k: int, dk: wp.vec3, peak_r: float, peak_s: float, tau: float,
+                refl: wp.array[float], gain: wp.array[float], obj_hash: wp.array[wp.vec3ui],
+                part_number: wp.array[wp.uint32], out: Slots, slot: int):
+    """Steps 6–8 for echo r on surface ``h`` (sub-ray k along ``dk``): its return into ``slot``."""
     noise = return_noise(p, ticks, fr, r)
     write_return(p, out, slot, measure_return(geo, p, em, ticks, fr, ray, of, peak_r, peak_s, tau, r, h, k, dk,
                                               noise, refl, gain), obj_hash, part_number)
+
+
+@wp.func(inline=True)
+def deliver_idealized(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing,
+                      ray: FiringRay, of: OutputFrame, first: wp.vec4, refl: wp.array[float], trans: wp.array[float],
+                      gain: wp.array[float], obj_hash: wp.array[wp.vec3ui], part_number: wp.array[wp.uint32],
+                      out: Slots, base: int):
+    """Steps 4–8 of an idealized firing: its echoes in path order — the first surface, then the surfaces behind
+    transmissive ones (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray — each
+    delivered as the walk meets it (nothing kept, no later surface found again); blank slots after the last. ``first``: the static wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it,
+    or ``FIRST_UNKNOWN`` in ``[1]`` (then the ray is traced here)."""
+    h = miss()
+    if first[1] != FIRST_UNKNOWN:
+        h = closest_hit_given(geo, ray.origin, ray.dir, 0.0, p.far, fr.time, first)
+    else:
+        h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, fr.time)
+    n = int(0)
+    tau = float(1.0)
+    while h.face >= 0 and n < p.max_returns:
+        deliver_hit(geo, p, em, ticks, fr, ray, of, h, n, 0, ray.dir, h.t,
+                    tau * surface_signal(geo, p, h, ray.dir, refl), tau, refl, gain, obj_hash, part_number, out,
+                    base + n)
+        n += 1
+        tr = trans[h.material]
+        if tr <= 0.0 or n >= p.max_returns:  # an opaque surface, or no echo left to fill
+            break
+        tau = tau * tr
+        h = continue_past(geo, ray.origin, ray.dir, h.t, p.far, fr.time)
+    for r in range(n, p.max_returns):
+        write_blank(p, out, base + r)
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -1196,11 +1177,14 @@ def lidar_fire_kernel(
         w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
         if first.shape[0] > 0:
             w = first[f]
-        ech, srf = find_echoes(geo, p, ray, fr.time, refl, trans, w)
         of = fp.frame
+        if p.ray_type == RAY_IDEALIZED:
+            deliver_idealized(geo, p, em, ticks, fr, ray, of, w, refl, trans, gain, obj_hash, part_number, out, base)
+            continue
+        ech, srf = beam_echoes(geo, p, ray, fr.time, refl, trans)
         for r in range(p.max_returns):
             if r < ech.n:
-                deliver_echo(geo, p, em, ticks, fr, ray, of, ech.first, r, ech.code[r], ech.rep_r[r], ech.r[r],
+                deliver_echo(geo, p, em, ticks, fr, ray, of, r, ech.code[r], ech.rep_r[r], ech.r[r],
                              ech.s[r], ech.tau[r], srf.face[r], srf.inst[r], srf.u[r], srf.v[r],
                              wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]), refl, gain, obj_hash, part_number, out,
                              base + r)

@@ -200,7 +200,7 @@ class Peaks:
 @wp.struct
 class Echoes:
     """Echoes of one firing in EchoId order: range [m], signal, code and weight·τ of the representative surface
-    (see :class:`Contributions`); ``first`` is an idealized ray's first surface."""
+    (see :class:`Contributions`)."""
 
     n: wp.int32
     r: vec8f
@@ -208,7 +208,6 @@ class Echoes:
     code: vec8i
     tau: vec8f
     rep_r: vec8f  # the representative surface's distance along its (sub-)ray [m]
-    first: Hit
 
 
 @wp.struct
