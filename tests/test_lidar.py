@@ -127,6 +127,44 @@ def test_box_room_ranges_are_analytic(device, coords):
         np.testing.assert_allclose(c[2], r, rtol=1e-6)
 
 
+@pytest.mark.parametrize("noisy", [False, True])
+def test_spherical_sensor_output_is_the_cartesian_point(device, noisy):
+    """SPHERICAL in the uncompensated SENSOR frame (read from the delivered angles and the emitter offsets) and
+    CARTESIAN renders of the same firings, emitters offset radially and vertically, with and without seeded
+    angle and range noise: the spherical points converted to Cartesian equal the Cartesian ones within float32
+    rounding, and the azimuth is what the atan2 of the Cartesian point gives."""
+    n = 6
+    st = EmitterState(np.linspace(-20, 20, n).astype(np.float32), np.linspace(-15, 12, n).astype(np.float32),
+                      np.arange(n, dtype=np.int64) * 1000, np.arange(1, n + 1, dtype=np.uint32),
+                      np.linspace(0.03, 0.08, n).astype(np.float32), np.linspace(-0.05, 0.04, n).astype(np.float32),
+                      np.zeros(n, np.float32))
+    from wsim.sensors.lidar_config import CoordsType
+
+    noise = dict(range_accuracy_m=0.02, azimuth_error_std=0.05, elevation_error_std=0.05) if noisy else {}
+    out = {}
+    for key, coords, kw in (("SPHERICAL", "SPHERICAL", noise), ("CARTESIAN", "CARTESIAN", noise),
+                            ("quiet", "SPHERICAL", {})):
+        cfg = LidarConfig(scan_type=ScanType.ROTARY, scan_rate_base_hz=10.0, pattern_firing_rate_hz=3600.0,
+                          number_of_emitters=n, number_of_channels=n, emitter_states=[st],
+                          elements_coords_type=CoordsType(coords), **kw)
+        cfg.validate()
+        lid = Lidar(config=cfg, scene=box_room_scene(ROOM_LO, ROOM_HI), device=device,
+                    trajectory=Trajectory([0.0], [[1.5, -2.0, 0.7]], [quat_from_axis_angle([0, 0, 1], 0.3)]))
+        out[key] = lid.render(0.0, 0.1)
+    sph, cart = out["SPHERICAL"], out["CARTESIAN"]
+    assert sph.count == cart.count == n * 360
+    c = cart["Coordinates"].numpy().T.astype(np.float64)
+    r = np.linalg.norm(c, axis=1)
+    err = np.abs(sph.xyz() - c).max(axis=1)
+    assert np.all(err <= 4e-7 * r + 1e-5), (err.max(), (err / r).max())
+    a = sph["Coordinates"].numpy()[0].astype(np.float64)
+    d = (a - np.degrees(np.arctan2(c[:, 1], c[:, 0])) + 180.0) % 360.0 - 180.0
+    assert np.abs(d).max() < 2e-4  # [deg]
+    np.testing.assert_allclose(sph["Coordinates"].numpy()[2], r, rtol=2e-6)
+    moved = np.abs(out["quiet"]["Coordinates"].numpy() - sph["Coordinates"].numpy()).max(axis=1)
+    assert (moved.min() > 0.01) if noisy else (moved.max() == 0.0)  # azimuth and elevation [deg], range [m]
+
+
 FAR = np.array([10000.0, -10000.0, 100.0])  # 10 km from the origin: float32 world coordinates step by 1 mm there
 
 

@@ -172,7 +172,9 @@ def emitter_ray(em: EmitterTable, fr: Firing, sensor: wp.transform, key: int, of
     ray.sensor = sensor
     ray.key = key
     ray.offset = offset
-    ray.dir_s = sph_dir(fr.az, fr.el)
+    ce = wp.cos(fr.el)
+    ray.dir_s = wp.vec3(ce * wp.cos(fr.az), ce * wp.sin(fr.az), wp.sin(fr.el))  # sph_dir, its cos(el) kept
+    ray.cos_el = ce
     hor = em.hor[fr.table]
     ray.origin_s = wp.vec3(hor * wp.cos(fr.az), hor * wp.sin(fr.az), em.vert[fr.table])
     # key translation + (in-segment displacement + rotated offset): one rounding at the key's magnitude
@@ -866,6 +868,31 @@ def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay,
 
 
 @wp.func(inline=True)
+def measured_coords(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, of: OutputFrame, rng: float,
+                    noise: wp.vec3) -> wp.vec3:
+    """:func:`coords_from` :func:`measured_point`. Spherical in the uncompensated SENSOR frame, from the
+    delivered angles: the point lies along the emitter's azimuth a from its origin, itself offset radially along
+    a (origin_s = (h cos a, h sin a, v), direction (cos e cos a, cos e sin a, sin e)), so its azimuth is a itself,
+    its horizontal distance h + r cos e and its height v + r sin e — no atan2 of the azimuth, no square root
+    of the horizontal distance (and no rounding of the Cartesian point in them). A noisy azimuth turns the
+    direction but not the offset: such a point goes through the Cartesian one."""
+    if p.spherical != 0 and p.frame == FRAME_SENSOR and p.compensated == 0 and noise[1] == 0.0:
+        rep = rng + em.dcorr[fr.table] + noise[0]
+        if p.range_res > 0.0:
+            rep = quantize_range(rep, p.range_res)
+        ce = ray.cos_el
+        se = ray.dir_s[2]
+        if noise[2] != 0.0:
+            ce = wp.cos(fr.el + noise[2])
+            se = wp.sin(fr.el + noise[2])
+        rh = em.hor[fr.table] + rep * ce
+        z = em.vert[fr.table] + rep * se
+        if rh > 0.0:
+            return wp.vec3(wp.degrees(fr.az), wp.degrees(fast_atan2(z, rh)), wp.sqrt(rh * rh + z * z))
+    return coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
+
+
+@wp.func(inline=True)
 def to_output(p: LidarParams, v: wp.vec3, of: OutputFrame) -> wp.vec3:
     """A world vector (normal, velocity) into the output frame's axes."""
     if p.frame == FRAME_WORLD:
@@ -963,7 +990,7 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
     ret.subray = k
     ret.intensity = intensity_from(p, peak_s, rng, wp.abs(wp.dot(signal_normal(geo, p, h), dk)), gain[fr.emitter])
     ret.flags = detection_flags(p, em, ticks, fr, peak_s, rng)
-    ret.coords = coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
+    ret.coords = measured_coords(p, em, fr, ray, of, rng, noise)
     if (p.want & WANT_NORMAL) != 0:
         ret.normal = to_output(p, h.normal, of)
     if (p.want & WANT_VELOCITY) != 0:

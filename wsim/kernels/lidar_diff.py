@@ -10,7 +10,7 @@ forward pass's step functions, on a ``wp.Tape``.
 import warp as wp
 
 from .lidar import (
-    coords_from, firing_ray, intensity_from, measured_point, merge_peaks, nth_hit, output_frame, peak_mean,
+    firing_ray, intensity_from, measured_coords, merge_peaks, nth_hit, output_frame, peak_mean,
     schedule, signal_from, subray_dir, walk_beam,
 )
 from .lidar_types import (
@@ -236,7 +236,7 @@ def lidar_diff_kernel(
     rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl, members[k], sum_sr[k], sum_s[k],
                                         sum_r[k])
     of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
-    c = coords_from(p, measured_point(p, em, fr, ray, of, rng, slots.noise[i]))
+    c = measured_coords(p, em, fr, ray, of, rng, slots.noise[i])
     coords[0, j] = c[0]
     coords[1, j] = c[1]
     coords[2, j] = c[2]

@@ -159,6 +159,7 @@ class FiringRay:
     dir: wp.vec3  # unit direction, world
     origin_s: wp.vec3  # emitter position, sensor frame [m]
     dir_s: wp.vec3  # unit direction, sensor frame
+    cos_el: float  # cosine of the elevation: the direction's horizontal length in the sensor frame
 
 
 @wp.struct
