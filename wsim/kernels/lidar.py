@@ -1021,12 +1021,10 @@ def mark_fired(out: Slots, base: int, n: int):
 
 
 @wp.func(inline=True)
-def firing_identity(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int):
-    """The identity channels of firing ``f``, as :func:`schedule` has them (no trigonometry): TimeOffsetNs [ns],
-    EmitterId, ChannelId, TickId, TickState."""
+def firing_identity(p: LidarParams, em: EmitterTable, ticks: TickTable, tick: int, emitter: int):
+    """The identity channels of the firing of ``emitter`` in tick row ``tick``, as :func:`schedule` has them (no
+    trigonometry): TimeOffsetNs [ns], EmitterId, ChannelId, TickId, TickState."""
     ne = p.num_emitters
-    tick = f // ne
-    emitter = f - tick * ne
     state = ticks.state[tick]
     table = state * ne + emitter
     offset_ns = ticks.offset_ns[tick] + wp.int64(em.fire_ns[table])
@@ -1378,7 +1376,7 @@ def compact_kernel(
     emitter: wp.array[wp.uint32],
     channel: wp.array[wp.uint32],
     tick: wp.array[wp.uint32],
-    echo: wp.array[wp.uint8],
+    echo_id: wp.array[wp.uint8],
     state: wp.array[wp.uint8],
     material_id: wp.array[wp.uint32],
     object_id: wp.array2d[wp.uint32],
@@ -1391,7 +1389,20 @@ def compact_kernel(
     identity ones of its firing ``i // max_returns`` (echo ``i % max_returns``); a thread
     takes slots ``batch · tid`` on, up to ``batch`` of the ``n`` (as :func:`lidar_fire_kernel`)."""
     s = (wp.tid() + offset) * batch
+    # slot i = (tick · num_emitters + emitter) · max_returns + echo, counted on from the first (no division a slot)
+    f = s // p.max_returns
+    echo = s - f * p.max_returns
+    tk_row = f // p.num_emitters
+    e_col = f - tk_row * p.num_emitters
     for i in range(s, wp.min(s + batch, n)):
+        if i > s:
+            echo += 1
+            if echo == p.max_returns:
+                echo = 0
+                e_col += 1
+                if e_col == p.num_emitters:
+                    e_col = 0
+                    tk_row += 1
         if keep[i] == 0:
             continue
         j = index[i] - 1  # inclusive scan
@@ -1417,11 +1428,10 @@ def compact_kernel(
         if (want & WANT_SEMANTIC) != 0:
             semantic[j] = src.semantic[i]
         intensity[j] = src.intensity[i]
-        f = i // p.max_returns
-        off, e, ch, tk, st = firing_identity(p, em, ticks, f)
+        off, e, ch, tk, st = firing_identity(p, em, ticks, tk_row, e_col)
         time_offset_ns[j] = off
         emitter[j] = e
         channel[j] = ch
         tick[j] = tk
         state[j] = st
-        echo[j] = wp.uint8(i - f * p.max_returns)
+        echo_id[j] = wp.uint8(echo)
