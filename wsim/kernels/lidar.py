@@ -137,7 +137,23 @@ def sensor_pose(times: wp.array[float], poses: wp.array[wp.transform], t: float)
     outside them (the interpolation of :func:`wsim.kernels.pose.sample_trajectory`) — with the key i of its segment
     and the in-segment displacement T(t) − T(key i) [m], for sensor-relative arithmetic. The translation is
     T(key i) + displacement: one rounding at the key's magnitude."""
-    seg = key_segment(times, 0, times.shape[0], t)
+    return pose_in_segment(times, poses, t, key_segment(times, 0, times.shape[0], t))
+
+
+@wp.func(inline=True)
+def sensor_pose_near(times: wp.array[float], poses: wp.array[wp.transform], t: float, hint: int):
+    """:func:`sensor_pose` where t most likely lies in the key segment ``hint`` (a time a millisecond from one
+    whose segment is known): that segment when it holds t strictly inside the trajectory, else the search."""
+    n = times.shape[0]
+    if hint >= 0 and hint + 1 < n:
+        if t > times[0] and t < times[n - 1] and times[hint] <= t and t < times[hint + 1]:
+            return pose_in_segment(times, poses, t, wp.vec2i(hint, 1))
+    return pose_in_segment(times, poses, t, key_segment(times, 0, n, t))
+
+
+@wp.func(inline=True)
+def pose_in_segment(times: wp.array[float], poses: wp.array[wp.transform], t: float, seg: wp.vec2i):
+    """:func:`sensor_pose` in the key segment ``seg`` (:func:`wsim.kernels.pose.key_segment`)."""
     i = seg[0]
     if seg[1] == 0:
         return poses[i], i, wp.vec3(0.0, 0.0, 0.0)
@@ -801,8 +817,8 @@ def velocity_map(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
     M = (Rbᵀ − Raᵀ)/Δ, c = (Raᵀ sa − Rbᵀ sb)/Δ, N = (Rbᵀ (wb − t) − Raᵀ (wa − t))/Δ, each premultiplied by the
     output axes G·R(t) (G = R(t)ᵀ: the identity, SENSOR uncompensated), once per firing pose."""
     win = difference_window(pose_times[0], pose_times[pose_times.shape[0] - 1], time, 1.0e-3)
-    before, i_a, d_a = sensor_pose(pose_times, poses, win[0])
-    after, i_b, d_b = sensor_pose(pose_times, poses, win[1])
+    before, i_a, d_a = sensor_pose_near(pose_times, poses, win[0], ray.key)
+    after, i_b, d_b = sensor_pose_near(pose_times, poses, win[1], ray.key)
     sa = displacement(poses, ray.key, ray.offset, i_a, d_a)
     sb = displacement(poses, ray.key, ray.offset, i_b, d_b)
     ra = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(before)))
@@ -811,15 +827,17 @@ def velocity_map(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
     m = (rb - ra) * inv
     c = (ra * sa - rb * sb) * inv
     n = (rb * (win[1] - time) - ra * (win[0] - time)) * inv
-    g = wp.identity(n=3, dtype=float)  # SENSOR, uncompensated: the firing's own axes
-    rs = wp.quat_to_matrix(wp.transform_get_rotation(ray.sensor))
-    if p.frame == FRAME_WORLD:
-        g = rs
-    elif p.frame == FRAME_CUSTOM:
+    if p.frame == FRAME_SENSOR and p.compensated == 0:  # the firing's own axes
+        of.vel_q = m
+        of.vel_c = c
+        of.vel_w = n
+        return of
+    g = wp.quat_to_matrix(wp.transform_get_rotation(ray.sensor))  # WORLD
+    if p.frame == FRAME_CUSTOM:
         g = wp.mat33(of.custom[0, 0], of.custom[0, 1], of.custom[0, 2], of.custom[1, 0], of.custom[1, 1],
-                     of.custom[1, 2], of.custom[2, 0], of.custom[2, 1], of.custom[2, 2]) * rs
-    elif p.compensated != 0:
-        g = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(of.ref))) * rs
+                     of.custom[1, 2], of.custom[2, 0], of.custom[2, 1], of.custom[2, 2]) * g
+    elif p.frame == FRAME_SENSOR:
+        g = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(of.ref))) * g
     of.vel_q = g * m
     of.vel_c = g * c
     of.vel_w = g * n
