@@ -886,27 +886,51 @@ def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay,
 
 
 @wp.func(inline=True)
+def polar_sensor(p: LidarParams) -> wp.bool:
+    """Spherical output in the uncompensated SENSOR frame without azimuth noise: a return's coordinates come from
+    its delivered angles (:func:`sensor_polar`)."""
+    return p.spherical != 0 and p.frame == FRAME_SENSOR and p.compensated == 0 and p.az_noise <= 0.0
+
+
+@wp.func(inline=True)
+def sensor_polar(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, rng: float,
+                 noise: wp.vec3) -> wp.vec3:
+    """A return's (azimuth [deg], height [m], horizontal distance [m]) in the sensor frame (:func:`polar_sensor`),
+    from the delivered angles: the point lies along the emitter's azimuth a from its origin, itself offset radially
+    along a (origin_s = (h cos a, h sin a, v), direction (cos e cos a, cos e sin a, sin e)), so its azimuth is a,
+    its horizontal distance h + r cos e and its height v + r sin e — no atan2 of the azimuth, no square root of the
+    horizontal distance, no rounding of a Cartesian point in them (a negative distance: the opposite azimuth)."""
+    rep = rng + em.dcorr[fr.table] + noise[0]
+    if p.range_res > 0.0:
+        rep = quantize_range(rep, p.range_res)
+    ce = ray.cos_el
+    se = ray.dir_s[2]
+    if noise[2] != 0.0:
+        ce = wp.cos(fr.el + noise[2])
+        se = wp.sin(fr.el + noise[2])
+    rh = em.hor[fr.table] + rep * ce
+    a = wp.degrees(fr.az)
+    if rh < 0.0:
+        rh = -rh
+        a = a - 180.0
+        if a <= -180.0:
+            a = a + 360.0
+    return wp.vec3(a, em.vert[fr.table] + rep * se, rh)
+
+
+@wp.func(inline=True)
+def polar_coords(v: wp.vec3) -> wp.vec3:
+    """:func:`sensor_polar`'s (azimuth [deg], height, horizontal distance) as (azimuth, elevation [deg], range [m])."""
+    return wp.vec3(v[0], wp.degrees(fast_atan2(v[1], v[2])), wp.sqrt(v[2] * v[2] + v[1] * v[1]))
+
+
+@wp.func(inline=True)
 def measured_coords(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, of: OutputFrame, rng: float,
                     noise: wp.vec3) -> wp.vec3:
-    """:func:`coords_from` :func:`measured_point`. Spherical in the uncompensated SENSOR frame, from the
-    delivered angles: the point lies along the emitter's azimuth a from its origin, itself offset radially along
-    a (origin_s = (h cos a, h sin a, v), direction (cos e cos a, cos e sin a, sin e)), so its azimuth is a itself,
-    its horizontal distance h + r cos e and its height v + r sin e — no atan2 of the azimuth, no square root
-    of the horizontal distance (and no rounding of the Cartesian point in them). A noisy azimuth turns the
-    direction but not the offset: such a point goes through the Cartesian one."""
-    if p.spherical != 0 and p.frame == FRAME_SENSOR and p.compensated == 0 and noise[1] == 0.0:
-        rep = rng + em.dcorr[fr.table] + noise[0]
-        if p.range_res > 0.0:
-            rep = quantize_range(rep, p.range_res)
-        ce = ray.cos_el
-        se = ray.dir_s[2]
-        if noise[2] != 0.0:
-            ce = wp.cos(fr.el + noise[2])
-            se = wp.sin(fr.el + noise[2])
-        rh = em.hor[fr.table] + rep * ce
-        z = em.vert[fr.table] + rep * se
-        if rh > 0.0:
-            return wp.vec3(wp.degrees(fr.az), wp.degrees(fast_atan2(z, rh)), wp.sqrt(rh * rh + z * z))
+    """:func:`coords_from` :func:`measured_point`, or :func:`polar_coords` :func:`sensor_polar` (the same point,
+    where :func:`polar_sensor`)."""
+    if polar_sensor(p):
+        return polar_coords(sensor_polar(p, em, fr, ray, rng, noise))
     return coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
 
 
