@@ -98,12 +98,26 @@ def fires_in_window(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64
 
 
 @wp.func(inline=True)
-def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firing:
-    """Firing ``f``: its tick, emitter and state, firing time, TimeOffsetNs, delivered angles, and whether it fires.
+def firing_phase(p: LidarParams, ticks: TickTable, ti: int, fire_ns: wp.int64):
+    """What the azimuth and the windows make of a firing at delay ``fire_ns`` [ns] in tick row ``ti``, the same for
+    every emitter firing then (:func:`firing_pose_kernel` keeps it per tick and firing delay): the delivered
+    azimuth less the emitter's table azimuth [rad], CW ``wrap(startAzimuthOffset − φ)``, CCW
+    ``wrap(startAzimuthOffset + φ)``, solid state ``wrap(startAzimuthOffset)``; and whether it fires."""
+    phi = spin_angle(p, ticks, ti, fire_ns)
+    fires = fires_in_window(p, ticks, ti, fire_ns, phi)
+    ph = p.start_az_offset
+    if p.rotary != 0:
+        if p.ccw != 0:
+            ph = ph + phi
+        else:
+            ph = ph - phi
+    return wrap_pi(ph), fires
 
-    Delivered azimuth: CW ``wrap(startAzimuthOffset − φ + azimuth[e])``, CCW ``wrap(startAzimuthOffset + φ +
-    azimuth[e])`` (solid state: no φ).
-    """
+
+@wp.func(inline=True)
+def firing_of(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firing:
+    """Firing ``f``'s tick, emitter and state, firing time, TimeOffsetNs and elevation (its azimuth and whether it
+    fires: :func:`delivered_azimuth`, :func:`firing_phase`)."""
     fr = Firing()
     ne = p.num_emitters
     fr.index = f
@@ -117,17 +131,39 @@ def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firi
     if p.instant != 0:
         fr.time = ticks.time[0]
         fr.offset_ns = wp.int64(0)
-    phi = spin_angle(p, ticks, fr.tick, fr.fire_ns)
-    fr.fires = fires_in_window(p, ticks, fr.tick, fr.fire_ns, phi)
-    az = em.az[fr.table]
-    if p.rotary != 0:
-        if p.ccw != 0:
-            az = az + phi
-        else:
-            az = az - phi
-    fr.az = wrap_pi(az + p.start_az_offset)
     fr.el = em.el[fr.table]
     return fr
+
+
+@wp.func(inline=True)
+def delivered_azimuth(em: EmitterTable, fr: Firing, phase: float) -> float:
+    """The delivered azimuth [rad] in (−π, π]: the emitter's table azimuth plus the firing's phase
+    (:func:`firing_phase`), wrapped when the sum leaves (−π, π]."""
+    a = em.az[fr.table] + phase
+    if a > wp.pi or a <= -wp.pi:
+        a = wrap_pi(a)
+    return a
+
+
+@wp.func(inline=True)
+def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firing:
+    """Firing ``f``: its tick, emitter and state, firing time, TimeOffsetNs, delivered angles, and whether it fires
+    (:func:`firing_of`, :func:`firing_phase`, :func:`delivered_azimuth`; the kernels with a firing-pose table take
+    the phase from it, the same bits)."""
+    fr = firing_of(p, em, ticks, f)
+    phase, fires = firing_phase(p, ticks, fr.tick, fr.fire_ns)
+    fr.fires = fires
+    fr.az = delivered_azimuth(em, fr, phase)
+    return fr
+
+
+@wp.func(inline=True)
+def scheduled(em: EmitterTable, fr: Firing, fp: FiringPose) -> Firing:
+    """:func:`schedule`'s Firing from :func:`firing_of`'s and the firing-pose table's phase."""
+    out = fr
+    out.fires = fp.fires
+    out.az = delivered_azimuth(em, fr, fp.phase)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- 2. firing pose
@@ -1235,11 +1271,12 @@ def lidar_fire_kernel(
     for f in range(s, wp.min(s + batch, n_fire)):
         base = f * p.max_returns
         clear_slots(out, base, p.max_returns)
-        fr = schedule(p, em, ticks, f)
-        if fr.fires == 0:
+        fr0 = firing_of(p, em, ticks, f)
+        fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
+        if fp.fires == 0:
             continue
+        fr = scheduled(em, fr0, fp)
         mark_fired(out, base, p.max_returns)
-        fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
         ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
         w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
         if first.shape[0] > 0:
@@ -1301,9 +1338,10 @@ def lidar_first_kernel(
     for k in range(m):
         f = order[s + k]
         first[f] = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
-        fr = schedule(p, em, ticks, f)
-        if fr.fires != 0:
-            fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
+        fr0 = firing_of(p, em, ticks, f)
+        fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
+        if fp.fires != 0:
+            fr = scheduled(em, fr0, fp)
             ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
             d = ray.dir
             for a in range(3):
@@ -1354,6 +1392,9 @@ def firing_pose_kernel(
     fp = FiringPose()
     fp.key = key
     fp.offset = off
+    phase, fires = firing_phase(p, ticks, k, fire_ns)
+    fp.phase = phase
+    fp.fires = fires
     fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time, custom)
     out[i] = fp
 
@@ -1377,8 +1418,9 @@ def firing_rays_kernel(
     origin, direction and time, and whether the firing fires."""
     i = wp.tid() + offset
     f = i // p.beam_n
-    fr = schedule(p, em, ticks, f)
-    fp = fposes[fr.tick * n_slots + fire_slot[fr.table]]
+    fr0 = firing_of(p, em, ticks, f)
+    fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
+    fr = scheduled(em, fr0, fp)
     ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
     origin[i] = ray.origin
     direction[i] = subray_dir(ray.dir, i - f * p.beam_n, p)

@@ -248,6 +248,8 @@ class FiringPose:
     key: wp.int32  # trajectory key of the firing time's segment
     offset: wp.vec3  # sensor displacement from that key to the firing [m]
     frame: OutputFrame  # sensor pose at the firing and the output step's poses
+    phase: float  # delivered azimuth less the emitter's table azimuth [rad] (:func:`~wsim.kernels.lidar.firing_phase`)
+    fires: wp.int32  # 1: inside the step window and the azimuth window
 
 
 @wp.struct
