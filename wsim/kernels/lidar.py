@@ -153,6 +153,7 @@ def schedule(p: LidarParams, em: EmitterTable, ticks: TickTable, f: int) -> Firi
     fr = firing_of(p, em, ticks, f)
     phase, fires = firing_phase(p, ticks, fr.tick, fr.fire_ns)
     fr.fires = fires
+    fr.phase = phase
     fr.az = delivered_azimuth(em, fr, phase)
     return fr
 
@@ -162,6 +163,7 @@ def scheduled(em: EmitterTable, fr: Firing, fp: FiringPose) -> Firing:
     """:func:`schedule`'s Firing from :func:`firing_of`'s and the firing-pose table's phase."""
     out = fr
     out.fires = fp.fires
+    out.phase = fp.phase
     out.az = delivered_azimuth(em, fr, fp.phase)
     return out
 
@@ -217,18 +219,40 @@ def firing_ray(em: EmitterTable, fr: Firing, pose_times: wp.array[float], poses:
 
 
 @wp.func(inline=True)
+def direction_cs(t: wp.vec4, phase_cs: wp.vec2) -> wp.vec4:
+    """(cos, sin) of the delivered azimuth and (cos, sin) of the elevation from the emitter's (``t``:
+    :class:`EmitterTable` ``trig``) and the firing phase's (cos, sin): the angle sum, no trigonometry a firing."""
+    return wp.vec4(t[0] * phase_cs[0] - t[1] * phase_cs[1], t[1] * phase_cs[0] + t[0] * phase_cs[1], t[2], t[3])
+
+
+@wp.func(inline=True)
+def emitter_cs(em: EmitterTable, fr: Firing) -> wp.vec4:
+    """:func:`direction_cs` with the emitter's and the phase's cosines and sines computed here (the
+    differentiable pass: the same bits as :func:`emitter_trig_kernel`'s table and the firing-pose table's)."""
+    az = em.az[fr.table]
+    t = wp.vec4(wp.cos(az), wp.sin(az), wp.cos(fr.el), wp.sin(fr.el))
+    return direction_cs(t, wp.vec2(wp.cos(fr.phase), wp.sin(fr.phase)))
+
+
+@wp.func(inline=True)
 def emitter_ray(em: EmitterTable, fr: Firing, sensor: wp.transform, key: int, offset: wp.vec3,
                 poses: wp.array[wp.transform]) -> FiringRay:
     """The emitter's ray from the sensor pose at the firing (:func:`sensor_pose`'s pose, key and displacement)."""
+    return emitter_ray_cs(em, fr, emitter_cs(em, fr), sensor, key, offset, poses)
+
+
+@wp.func(inline=True)
+def emitter_ray_cs(em: EmitterTable, fr: Firing, cs: wp.vec4, sensor: wp.transform, key: int, offset: wp.vec3,
+                   poses: wp.array[wp.transform]) -> FiringRay:
+    """:func:`emitter_ray` given the delivered direction's (cos az, sin az, cos el, sin el) (:func:`direction_cs`)."""
     ray = FiringRay()
     ray.sensor = sensor
     ray.key = key
     ray.offset = offset
-    ce = wp.cos(fr.el)
-    ray.dir_s = wp.vec3(ce * wp.cos(fr.az), ce * wp.sin(fr.az), wp.sin(fr.el))  # sph_dir, its cos(el) kept
-    ray.cos_el = ce
+    ray.dir_s = wp.vec3(cs[2] * cs[0], cs[2] * cs[1], cs[3])  # sph_dir
+    ray.cos_el = cs[2]
     hor = em.hor[fr.table]
-    ray.origin_s = wp.vec3(hor * wp.cos(fr.az), hor * wp.sin(fr.az), em.vert[fr.table])
+    ray.origin_s = wp.vec3(hor * cs[0], hor * cs[1], em.vert[fr.table])
     # key translation + (in-segment displacement + rotated offset): one rounding at the key's magnitude
     rel = offset + wp.transform_vector(sensor, ray.origin_s)
     ray.origin = wp.transform_get_translation(poses[key]) + rel
@@ -277,6 +301,13 @@ def beam_weight_sum(n: int, gaussian: int) -> float:
     for k in range(n):
         s += beam_offset(k, n, gaussian)[2]
     return s
+
+
+@wp.kernel
+def emitter_trig_kernel(az: wp.array[float], el: wp.array[float], out: wp.array[wp.vec4]):
+    """Each emitter-table entry's (cos az, sin az, cos el, sin el) (:class:`EmitterTable` ``trig``)."""
+    i = wp.tid()
+    out[i] = wp.vec4(wp.cos(az[i]), wp.sin(az[i]), wp.cos(el[i]), wp.sin(el[i]))
 
 
 @wp.kernel
@@ -1277,7 +1308,8 @@ def lidar_fire_kernel(
             continue
         fr = scheduled(em, fr0, fp)
         mark_fired(out, base, p.max_returns)
-        ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
+        ray = emitter_ray_cs(em, fr, direction_cs(em.trig[fr.table], fp.phase_cs), fp.frame.sensor, fp.key,
+                         fp.offset, poses)
         w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
         if first.shape[0] > 0:
             w = first[f]
@@ -1342,7 +1374,8 @@ def lidar_first_kernel(
         fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
         if fp.fires != 0:
             fr = scheduled(em, fr0, fp)
-            ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
+            ray = emitter_ray_cs(em, fr, direction_cs(em.trig[fr.table], fp.phase_cs), fp.frame.sensor, fp.key,
+                         fp.offset, poses)
             d = ray.dir
             for a in range(3):
                 orgs[k, a] = ray.origin[a]
@@ -1395,6 +1428,7 @@ def firing_pose_kernel(
     phase, fires = firing_phase(p, ticks, k, fire_ns)
     fp.phase = phase
     fp.fires = fires
+    fp.phase_cs = wp.vec2(wp.cos(phase), wp.sin(phase))
     fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time, custom)
     out[i] = fp
 
@@ -1421,7 +1455,8 @@ def firing_rays_kernel(
     fr0 = firing_of(p, em, ticks, f)
     fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
     fr = scheduled(em, fr0, fp)
-    ray = emitter_ray(em, fr, fp.frame.sensor, fp.key, fp.offset, poses)
+    ray = emitter_ray_cs(em, fr, direction_cs(em.trig[fr.table], fp.phase_cs), fp.frame.sensor, fp.key,
+                         fp.offset, poses)
     origin[i] = ray.origin
     direction[i] = subray_dir(ray.dir, i - f * p.beam_n, p)
     time[i] = fr.time

@@ -86,6 +86,7 @@ class EmitterTable:
     hor: wp.array[float]
     vert: wp.array[float]
     dcorr: wp.array[float]
+    trig: wp.array[wp.vec4]  # (cos az, sin az, cos el, sin el) of each entry (:func:`~wsim.kernels.lidar.emitter_trig_kernel`)
 
 
 @wp.struct
@@ -144,6 +145,7 @@ class Firing:
     time: float  # firing time on the scene clock [s] (the render's first tick for an instant lidar)
     offset_ns: wp.int64  # TimeOffsetNs: firing time − timestampNs [ns]
     az: float  # delivered azimuth [rad], in (−π, π]
+    phase: float  # delivered azimuth less the emitter's table azimuth [rad]
     el: float  # elevation [rad]
     fires: wp.int32  # 1 inside the step window and the azimuth window
 
@@ -250,6 +252,7 @@ class FiringPose:
     frame: OutputFrame  # sensor pose at the firing and the output step's poses
     phase: float  # delivered azimuth less the emitter's table azimuth [rad] (:func:`~wsim.kernels.lidar.firing_phase`)
     fires: wp.int32  # 1: inside the step window and the azimuth window
+    phase_cs: wp.vec2  # (cos, sin) of the phase
 
 
 @wp.struct

@@ -310,7 +310,7 @@ class Lidar:
             em.hor = wp.array(cat("hor_offset_m", np.float32), dtype=float, device=d)
             em.vert = wp.array(cat("vert_offset_m", np.float32), dtype=float, device=d)
             em.dcorr = wp.array(cat("distance_correction_m", np.float32), dtype=float, device=d)
-            self._emitters[key] = em
+            self._emitters[key] = _with_trig(em)
         return self._emitters[key]
 
     def _scene_tables(self, scene: Scene):
@@ -524,7 +524,7 @@ class Lidar:
         out = K.EmitterTable()
         out.az, out.el = fresh(em.az, "azimuth"), fresh(em.el, "elevation")
         out.fire_ns, out.channel, out.hor, out.vert, out.dcorr = em.fire_ns, em.channel, em.hor, em.vert, em.dcorr
-        return out, fresh(gain, "gain"), fresh(refl, "reflectance")
+        return _with_trig(out), fresh(gain, "gain"), fresh(refl, "reflectance")
 
     def _take_slots(self, n: int, fresh: bool) -> K.Slots:
         """Slot buffers for ``n`` slots: those of an earlier render of the same size when one is free (no
@@ -687,6 +687,13 @@ def _wanted(chans: Sequence[str], requires_grad: bool) -> int:
         if name in chans:
             w |= int(bit)
     return w | (int(K.WANT_DIFF) if requires_grad else 0)
+
+
+def _with_trig(em: K.EmitterTable) -> K.EmitterTable:
+    """``em`` with its ``trig`` table made from its angles (the kernels read cosines and sines from it)."""
+    em.trig = wp.empty(em.az.shape[0], dtype=wp.vec4, device=em.az.device)
+    wp.launch(K.emitter_trig_kernel, em.az.shape[0], [em.az, em.el], [em.trig], device=em.az.device)
+    return em
 
 
 def _members(n: int, d) -> K.Members:
