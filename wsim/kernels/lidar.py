@@ -617,6 +617,15 @@ def peak_mean(sum_sr: float, sum_s: float, count: float, sum_r: float) -> float:
 
 
 @wp.func(inline=True)
+def beyond_peak(r: float, sum_sr: float, sum_s: float, count: float, sum_r: float, dist: float) -> wp.bool:
+    """Whether range ``r`` [m] lies more than ``dist`` beyond the :func:`peak_mean` of a peak's sums: the
+    comparison multiplied out by the peak's (positive) weight, no division on the merge's critical path."""
+    if sum_s > 0.0:
+        return r * sum_s - sum_sr > dist * sum_s
+    return r * count - sum_r > dist * count
+
+
+@wp.func(inline=True)
 def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
     """Range-sorted contributions into peaks: one joins the current peak when it lies within min_echo_dist of the
     peak's mean range, else it starts a new one."""
@@ -635,7 +644,7 @@ def merge_peaks(p: LidarParams, c: Contributions) -> Peaks:
         start_new = npk == 0
         if not start_new:
             q = npk - 1
-            start_new = cr[j] - peak_mean(pr[q], ps[q], pn[q], pm[q]) > p.min_echo_dist
+            start_new = beyond_peak(cr[j], pr[q], ps[q], pn[q], pm[q], p.min_echo_dist)
         if start_new:
             pb[npk] = -1.0
             npk += 1
@@ -688,7 +697,7 @@ def ranked_of(p: LidarParams, m: int, cr: vec64f, cs: vec64f, cc: vec64i, ct: ve
     for j in range(m + 1):
         close = j == m
         if j > 0 and j < m:
-            close = cr[j] - peak_mean(sum_sr, sum_s, count, sum_r) > p.min_echo_dist
+            close = beyond_peak(cr[j], sum_sr, sum_s, count, sum_r, p.min_echo_dist)
         if close and j > 0:
             i = n
             while i > 0 and s[i - 1] < sum_s:

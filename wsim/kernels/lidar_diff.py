@@ -10,7 +10,7 @@ forward pass's step functions, on a ``wp.Tape``.
 import warp as wp
 
 from .lidar import (
-    firing_ray, intensity_from, measured_coords, merge_peaks, nth_hit, output_frame, peak_mean,
+    beyond_peak, firing_ray, intensity_from, measured_coords, merge_peaks, nth_hit, output_frame, peak_mean,
     schedule, signal_from, subray_dir, walk_beam,
 )
 from .lidar_types import (
@@ -33,7 +33,7 @@ def peak_members(p: LidarParams, c: Contributions) -> vec64i:
         start_new = npk == 0
         if not start_new:
             q = npk - 1
-            start_new = c.r[j] - peak_mean(pr[q], ps[q], pn[q], pm[q]) > p.min_echo_dist
+            start_new = beyond_peak(c.r[j], pr[q], ps[q], pn[q], pm[q], p.min_echo_dist)
         if start_new:
             npk += 1
         q = npk - 1
