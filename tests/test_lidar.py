@@ -130,13 +130,14 @@ def test_box_room_ranges_are_analytic(device, coords):
 @pytest.mark.parametrize("noisy", [False, True])
 def test_spherical_sensor_output_is_the_cartesian_point(device, noisy):
     """SPHERICAL in the uncompensated SENSOR frame (read from the delivered angles and the emitter offsets) and
-    CARTESIAN renders of the same firings, emitters offset radially and vertically, with and without seeded
-    angle and range noise: the spherical points converted to Cartesian equal the Cartesian ones within float32
+    CARTESIAN renders of the same firings, emitters offset radially and vertically (by centimetres: the elevation's
+    series; by decimetres: its atan2), with and without seeded angle and range noise: the spherical points converted to Cartesian equal the Cartesian ones within float32
     rounding, and the azimuth is what the atan2 of the Cartesian point gives."""
     n = 6
     st = EmitterState(np.linspace(-20, 20, n).astype(np.float32), np.linspace(-15, 12, n).astype(np.float32),
                       np.arange(n, dtype=np.int64) * 1000, np.arange(1, n + 1, dtype=np.uint32),
-                      np.linspace(0.03, 0.08, n).astype(np.float32), np.linspace(-0.05, 0.04, n).astype(np.float32),
+                      np.array([0.03, 0.05, 0.08, 0.6, -0.4, 0.0], np.float32),
+                      np.array([-0.05, 0.04, 0.0, 0.5, 0.02, -0.7], np.float32),
                       np.zeros(n, np.float32))
     from wsim.sensors.lidar_config import CoordsType
 

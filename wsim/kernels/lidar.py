@@ -971,42 +971,50 @@ def polar_sensor(p: LidarParams) -> wp.bool:
 @wp.func(inline=True)
 def sensor_polar(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, rng: float,
                  noise: wp.vec3) -> wp.vec3:
-    """A return's (azimuth [deg], height [m], horizontal distance [m]) in the sensor frame (:func:`polar_sensor`),
-    from the delivered angles: the point lies along the emitter's azimuth a from its origin, itself offset radially
-    along a (origin_s = (h cos a, h sin a, v), direction (cos e cos a, cos e sin a, sin e)), so its azimuth is a,
-    its horizontal distance h + r cos e and its height v + r sin e — no atan2 of the azimuth, no square root of the
-    horizontal distance, no rounding of a Cartesian point in them (a negative distance: the opposite azimuth)."""
+    """A return's (azimuth, elevation [deg], range [m]) in the sensor frame (:func:`polar_sensor`), from the
+    delivered angles: the point lies along the emitter's azimuth a from its origin, itself offset radially along a
+    (origin_s = (h cos a, h sin a, v), direction D = (cos e cos a, cos e sin a, sin e)), so its azimuth is a, its
+    horizontal distance u = h + r cos e and its height w = v + r sin e; its elevation is e plus the angle between D
+    and the point, atan(x) with x = (v cos e − h sin e)/(r + h cos e + v sin e) — a few terms of the series where
+    |x| ≤ 0.01 (offsets of centimetres at a metre and more), else atan2(w, u) (a negative u: the opposite
+    azimuth). No atan2 of the azimuth, no rounding of a Cartesian point in any of them."""
     rep = rng + em.dcorr[fr.table] + noise[0]
     if p.range_res > 0.0:
         rep = quantize_range(rep, p.range_res)
+    e = fr.el
     ce = ray.cos_el
     se = ray.dir_s[2]
     if noise[2] != 0.0:
-        ce = wp.cos(fr.el + noise[2])
-        se = wp.sin(fr.el + noise[2])
-    rh = em.hor[fr.table] + rep * ce
+        e = fr.el + noise[2]
+        ce = wp.cos(e)
+        se = wp.sin(e)
+    hor = em.hor[fr.table]
+    vert = em.vert[fr.table]
+    u = hor + rep * ce
+    w = vert + rep * se
+    rng_out = wp.sqrt(u * u + w * w)
+    along = rep + hor * ce + vert * se
+    across = vert * ce - hor * se
+    if along > 0.0 and wp.abs(across) <= 0.01 * along:
+        x = across / along
+        x2 = x * x
+        return wp.vec3(wp.degrees(fr.az), wp.degrees(e + x * (1.0 - x2 * (1.0 / 3.0 - x2 * 0.2))), rng_out)
     a = wp.degrees(fr.az)
-    if rh < 0.0:
-        rh = -rh
+    if u < 0.0:
+        u = -u
         a = a - 180.0
         if a <= -180.0:
             a = a + 360.0
-    return wp.vec3(a, em.vert[fr.table] + rep * se, rh)
-
-
-@wp.func(inline=True)
-def polar_coords(v: wp.vec3) -> wp.vec3:
-    """:func:`sensor_polar`'s (azimuth [deg], height, horizontal distance) as (azimuth, elevation [deg], range [m])."""
-    return wp.vec3(v[0], wp.degrees(fast_atan2(v[1], v[2])), wp.sqrt(v[2] * v[2] + v[1] * v[1]))
+    return wp.vec3(a, wp.degrees(fast_atan2(w, u)), rng_out)
 
 
 @wp.func(inline=True)
 def measured_coords(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay, of: OutputFrame, rng: float,
                     noise: wp.vec3) -> wp.vec3:
-    """:func:`coords_from` :func:`measured_point`, or :func:`polar_coords` :func:`sensor_polar` (the same point,
-    where :func:`polar_sensor`)."""
+    """:func:`coords_from` :func:`measured_point`, or :func:`sensor_polar` (the same point, where
+    :func:`polar_sensor`)."""
     if polar_sensor(p):
-        return polar_coords(sensor_polar(p, em, fr, ray, rng, noise))
+        return sensor_polar(p, em, fr, ray, rng, noise)
     return coords_from(p, measured_point(p, em, fr, ray, of, rng, noise))
 
 
