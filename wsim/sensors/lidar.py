@@ -116,7 +116,7 @@ class Lidar:
         self._history: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._emitters: dict[str, Any] = {}
         self._tables: dict[int, Any] = {}
-        self._slot_pool: list[tuple[int, K.Slots]] = []  # slot buffers of finished renders, for the next one
+        self._slot_pool: list[_Scratch] = []  # scratch buffers of finished renders, for the next one
         self._pool_lock = threading.Lock()
 
     @classmethod
@@ -395,7 +395,8 @@ class Lidar:
         n_ticks = len(ticks.get("abs_ns", []))
         n_fire = n_ticks * c.number_of_emitters
         n_slots = n_fire * c.max_returns
-        slots = self._take_slots(n_slots, fresh=requires_grad)
+        scratch = self._take_scratch(n_slots, fresh=requires_grad)
+        slots = scratch.slots
         geo = scene.device_geometry(d)
         refl, trans, ohash, pnum = self._scene_tables(scene)
         em, gain = self._emitter_table(), self._gain_array()
@@ -429,14 +430,14 @@ class Lidar:
             tt.state = wp.array(ticks["state"].astype(np.int32), dtype=wp.int32, device=d)
             tt.scan = wp.array(ticks["scan"].astype(np.int32), dtype=wp.int32, device=d)
             fire_slot, slot_ns, n_fs = self._fire_slots()
-            fposes = wp.empty(n_ticks * n_fs, dtype=K.FiringPose, device=d)
+            fposes = scratch.array("fposes", n_ticks * n_fs, K.FiringPose)
             _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
                                                                   float(ref_time), custom], [fposes], device=d)
             if ov.get("rays"):
                 return self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
             first = wp.empty(0, dtype=wp.vec4, device=d)
             if FIRST_PACKETS and p.ray_type == K.RAY_IDEALIZED and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu:
-                first = wp.empty(n_fire, dtype=wp.vec4, device=d)
+                first = scratch.array("first", n_fire, wp.vec4)
                 n_groups = -(-n_fire // int(K.FIRST_PACKET))
                 _launch.launch(K.lidar_first_kernel, n_groups,
                                [geo.geo, p, em, tt, fire_slot, n_fs, fposes, poses, self._first_order(n_ticks), n_fire],
@@ -446,9 +447,9 @@ class Lidar:
                            [geo.geo, p, em, tt, poses, refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes,
                             first, n_fire, batch],
                            [slots], device=d, min_shard=max(1, _launch.MIN_SHARD // batch))
-        pc, src = self._compact(slots, n_slots, chans, p, em, tt, frame, start_pose, end_pose, comp_ref)
+        pc, src = self._compact(scratch, n_slots, chans, p, em, tt, frame, start_pose, end_pose, comp_ref)
         if not requires_grad:  # (a tape keeps reading its render's slots)
-            self._give_slots(n_slots, slots)
+            self._give_scratch(scratch)
         if requires_grad:
             n = pc.count
             coords = wp.zeros((3, n), dtype=float, device=d, requires_grad=True)
@@ -526,19 +527,19 @@ class Lidar:
         out.fire_ns, out.channel, out.hor, out.vert, out.dcorr = em.fire_ns, em.channel, em.hor, em.vert, em.dcorr
         return _with_trig(out), fresh(gain, "gain"), fresh(refl, "reflectance")
 
-    def _take_slots(self, n: int, fresh: bool) -> K.Slots:
-        """Slot buffers for ``n`` slots: those of an earlier render of the same size when one is free (no
-        allocation, no page faults: the fire kernel writes every slot it fires), else new ones."""
+    def _take_scratch(self, n: int, fresh: bool) -> _Scratch:
+        """A render's scratch buffers for ``n`` slots: those of an earlier render of the same size when one is free
+        (no allocation, no page faults: every buffer is written before it is read), else new ones."""
         if not fresh:
             with self._pool_lock:
-                for i, (m, slots) in enumerate(self._slot_pool):
-                    if m == n:
-                        return self._slot_pool.pop(i)[1]
-        return _alloc_slots(n, self.device)
+                for i, sc in enumerate(self._slot_pool):
+                    if sc.n == n:
+                        return self._slot_pool.pop(i)
+        return _Scratch(n, self.device)
 
-    def _give_slots(self, n: int, slots: K.Slots) -> None:
+    def _give_scratch(self, sc: _Scratch) -> None:
         with self._pool_lock:
-            self._slot_pool = [e for e in self._slot_pool if e[0] != n][-1:] + [(n, slots)]  # two sizes at most
+            self._slot_pool = [e for e in self._slot_pool if e.n != sc.n][-1:] + [sc]  # two sizes at most
 
     def _fire_slots(self) -> tuple[wp.array, wp.array, int]:
         """Firing-time slots: each emitter-table entry's index among its state's distinct firing delays, the delays
@@ -592,11 +593,12 @@ class Lidar:
         self.gain = g
         self._gain_array().assign(g)
 
-    def _compact(self, slots: K.Slots, n_slots: int, chans: list[str], p: K.LidarParams, em: K.EmitterTable,
+    def _compact(self, scratch: _Scratch, n_slots: int, chans: list[str], p: K.LidarParams, em: K.EmitterTable,
                  tt: K.TickTable, frame, start_pose, end_pose, comp_ref: str) -> tuple[PointCloud, wp.array]:
         c, d = self.config, self.device
-        keep = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)  # written in full by the keep mask and the scan
-        index = wp.empty(max(n_slots, 1), dtype=wp.int32, device=d)
+        slots = scratch.slots
+        keep = scratch.array("keep", max(n_slots, 1), wp.int32)  # written in full by the keep mask and the scan
+        index = scratch.array("index", max(n_slots, 1), wp.int32)
         count = 0
         if n_slots:
             # a byte or two a slot: one thread streams it faster than shards are handed out (~1 M slots a ms)
@@ -701,6 +703,25 @@ def _members(n: int, d) -> K.Members:
     m.owner, m.subray, m.face, m.inst, m.material = (wp.zeros(n, dtype=wp.int32, device=d) for _ in range(5))
     m.tau = wp.zeros(n, dtype=float, device=d)
     return m
+
+
+class _Scratch:
+    """The buffers of one render that do not outlive it: its slot buffers for ``n`` slots (:func:`_alloc_slots`)
+    and named arrays (firing poses, first surfaces, the compaction's keep mask and scan), handed on to the next
+    render of the same size so that a stream of sweeps allocates, and page-faults, none of them."""
+
+    def __init__(self, n: int, device) -> None:
+        self.n = n
+        self.device = device
+        self.slots = _alloc_slots(n, device)
+        self._arrays: dict[str, wp.array] = {}
+
+    def array(self, name: str, n: int, dtype) -> wp.array:
+        """The uninitialised array ``name`` of ``n`` elements of ``dtype`` (the last render's when it matches)."""
+        a = self._arrays.get(name)
+        if a is None or a.shape[0] != n or a.dtype != dtype:
+            a = self._arrays[name] = wp.empty(n, dtype=dtype, device=self.device)
+        return a
 
 
 def _alloc_slots(n: int, d) -> K.Slots:
