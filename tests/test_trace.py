@@ -12,7 +12,7 @@ from wsim.kernels.trace import SceneGeo, closest_hit, hit_distance, instances_ma
 from wsim.launch import launch
 from wsim.scene import Instance, Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
-from wsim.scene.transforms import quat_from_axis_angle
+from wsim.scene.transforms import quat_from_axis_angle, quat_slerp, quat_to_matrix
 
 
 def _static_scene(points, faces, parts=None, n_parts=1) -> Scene:
@@ -118,6 +118,44 @@ def test_time_window_refit_keeps_hits(device):
     t = np.array([4.0, 4.05, 4.1, 4.2])
     h = geo.trace(np.column_stack([0 * t, t - 5, 0 * t]), np.tile([1.0, 0, 0], (4, 1)), t).numpy()
     np.testing.assert_allclose(h["t"], 9.5, atol=1e-4)
+
+
+def test_swept_bounds_hold_the_instances_over_each_window(device):
+    """The top-level box of a spinning, growing, moving instance over a time window holds its corners at every
+    instant of the window's key segments (densely sampled), and stays within a few centimetres of the tightest box
+    of those corners; a one-key instance's box is its box; a window between two keys gives that one segment's box,
+    however often the windows change (the key boxes are made once)."""
+    bp, bf = box_mesh([-1.0, -0.5, -0.25], [1.0, 0.5, 0.25])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.prototypes.append(MeshData(bp, bf, 0))
+    ts = np.linspace(0.0, 4.0, 9)
+    rots = np.array([quat_from_axis_angle([0.3, 0.2, 1.0], 0.7 * t) for t in ts])
+    s.instances.append(Instance(0, ts, np.column_stack([3 * ts, np.sin(ts), 0.1 * ts]), rots,
+                                np.column_stack([1 + 0.2 * ts, 1 + 0.1 * ts, 1 + 0 * ts])))
+    s.instances.append(Instance(0, [0.0], [[5.0, 5.0, 0.0]], [quat_from_axis_angle([0, 0, 1], 0.5)], [[2.0, 1.0, 1.0]]))
+    geo = SceneGeometry(s, device)
+    corners = np.array([[x, y, z] for x in (-1.0, 1.0) for y in (-0.5, 0.5) for z in (-0.25, 0.25)])
+    inst = s.instances[0]
+    for w in [(0.3, 0.4), (0.6, 2.2), (1.0, 1.0), (3.9, 9.0), None, (0.3, 0.4)]:
+        lo, hi = geo._swept_bounds(w)
+        i0 = 0 if w is None else max(0, int(np.searchsorted(ts, w[0], side="right")) - 1)
+        i1 = len(ts) - 1 if w is None else min(len(ts) - 1, int(np.searchsorted(ts, w[1], side="left")))
+        pts = []
+        for t in np.linspace(ts[i0], ts[i1], 400):
+            k = min(int(np.searchsorted(ts, t, side="right")) - 1, len(ts) - 2)
+            f = (t - ts[k]) / (ts[k + 1] - ts[k])
+            q = quat_slerp(inst.rotations[k], inst.rotations[k + 1], f)
+            sc = (1 - f) * inst.scales[k] + f * inst.scales[k + 1]
+            tr = (1 - f) * inst.translations[k] + f * inst.translations[k + 1]
+            pts.append((corners * sc) @ quat_to_matrix(q).T + tr)
+        pts = np.concatenate(pts)
+        assert np.all(lo[0] <= pts.min(0)) and np.all(hi[0] >= pts.max(0)), w
+        assert np.all(pts.min(0) - lo[0] < 0.05) and np.all(hi[0] - pts.max(0) < 0.05), w
+        q1 = s.instances[1]
+        one = (corners * q1.scales[0]) @ quat_to_matrix(q1.rotations[0]).T + q1.translations[0]
+        np.testing.assert_allclose(lo[1], one.min(0), atol=2e-3)
+        np.testing.assert_allclose(hi[1], one.max(0), atol=2e-3)
+        assert np.all(lo[1] <= one.min(0)) and np.all(hi[1] >= one.max(0))
 
 
 def test_time_windows_of_renders_in_flight_are_kept(device):

@@ -241,6 +241,8 @@ class SceneGeometry:
         view._keep = [self]  # the meshes' owner lives as long as the view
         view.instances = list(instances)
         view._local_bounds = self._local_bounds
+        if all(a is b for a, b in zip(view.instances, self.instances)):  # the same keys: the same key boxes
+            view._key_box_cache = getattr(self, "_key_box_cache", None)
         view._wide = self._wide
         view._vertex_normals = self._vertex_normals
         geo = _trace.SceneGeo()
@@ -315,22 +317,16 @@ class SceneGeometry:
 
     def _swept_bounds(self, window: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray]:
         """World bounds (float32 lows, highs) of each instance's local box swept over its key segments inside
-        ``window`` (None: all keys): corners at 4 sub-steps per segment, padded by the arc between them; all
-        instances' segments in one vectorised pass."""
-        insts = self.instances
-        n = len(insts)
-        counts = np.array([len(i.times) for i in insts])
-        koff = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        q_all = np.concatenate([np.asarray(i.rotations, np.float64).reshape(-1, 4) for i in insts])
-        s_all = np.concatenate([np.asarray(i.scales, np.float64).reshape(-1, 3) for i in insts])
-        t_all = np.concatenate([np.asarray(i.translations, np.float64).reshape(-1, 3) for i in insts])
-        blo = np.array([b[0] for b in self._local_bounds])
-        bhi = np.array([b[1] for b in self._local_bounds])
-        corners = np.stack([np.stack([blo[:, 0] if x == 0 else bhi[:, 0], blo[:, 1] if y == 0 else bhi[:, 1],
-                                      blo[:, 2] if z == 0 else bhi[:, 2]], -1)
-                            for x in (0, 1) for y in (0, 1) for z in (0, 1)], 1)  # (n, 8, 3)
-        seg_a, seg_inst, one_k, one_inst = [], [], [], []
-        for idx, inst in enumerate(insts):
+        ``window`` (None: all keys): corners at 4 sub-steps per segment, padded by the arc between them — the
+        union of the boxes of those segments (:meth:`_key_boxes`, made once), or of the one key that holds the
+        window."""
+        seg_lo, seg_hi, seg_pad, seg_big, soff, key_lo, key_hi, key_big, koff = self._key_boxes()
+        n = len(self.instances)
+        lo = np.empty((n, 3))
+        hi = np.empty((n, 3))
+        pad = np.zeros(n)
+        big = np.empty(n)
+        for idx, inst in enumerate(self.instances):
             ts = inst.times
             if window is None or len(ts) == 1:
                 i0, i1 = 0, len(ts) - 1
@@ -339,46 +335,64 @@ class SceneGeometry:
                 i0 = max(0, int(np.searchsorted(ts, t0, side="right")) - 1)
                 i1 = min(len(ts) - 1, int(np.searchsorted(ts, t1, side="left")))
             if i1 == i0:
-                one_k.append(koff[idx] + i0)
-                one_inst.append(idx)
+                k = koff[idx] + i0
+                lo[idx], hi[idx], big[idx] = key_lo[k], key_hi[k], key_big[k]
             else:
-                seg_a.append(np.arange(i0, i1) + koff[idx])
-                seg_inst.append(np.full(i1 - i0, idx))
-        lo = np.full((n, 3), np.inf)
-        hi = np.full((n, 3), -np.inf)
-        pad = np.zeros(n)
-        big = np.zeros(n)
+                r = slice(soff[idx] + i0, soff[idx] + i1)
+                lo[idx], hi[idx] = seg_lo[r].min(0), seg_hi[r].max(0)
+                pad[idx], big[idx] = seg_pad[r].max(), seg_big[r].max()
+        eps = 1e-4 * (1.0 + big)
+        return ((lo - (pad + eps)[:, None]).astype(np.float32), (hi + (pad + eps)[:, None]).astype(np.float32))
 
-        def accumulate(p: np.ndarray, owner: np.ndarray) -> None:  # p (m, k, 3) points of instance owner (m,)
-            np.minimum.at(lo, owner, p.min(1))
-            np.maximum.at(hi, owner, p.max(1))
-            np.maximum.at(big, owner, np.abs(p).max((1, 2)))
-
-        if seg_a:
-            a = np.concatenate(seg_a)
+    def _key_boxes(self) -> tuple:
+        """Per key segment of every instance (rows ``soff[i]`` on for instance i) the box of its local box's corners
+        at 4 sub-steps, the arc between sub-steps and the largest coordinate magnitude; per key (rows ``koff[i]``
+        on) the box of the corners and the largest magnitude. Made once (the instances' keys are fixed for the
+        life of a geometry, as its device key arrays are), all segments in one vectorised pass."""
+        cached = getattr(self, "_key_box_cache", None)
+        if cached is not None:
+            return cached
+        insts = self.instances
+        counts = np.array([len(i.times) for i in insts])
+        koff = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        nseg = np.maximum(counts - 1, 0)
+        soff = np.concatenate([[0], np.cumsum(nseg)[:-1]]).astype(np.int64)
+        q_all = np.concatenate([np.asarray(i.rotations, np.float64).reshape(-1, 4) for i in insts])
+        s_all = np.concatenate([np.asarray(i.scales, np.float64).reshape(-1, 3) for i in insts])
+        t_all = np.concatenate([np.asarray(i.translations, np.float64).reshape(-1, 3) for i in insts])
+        blo = np.array([b[0] for b in self._local_bounds])
+        bhi = np.array([b[1] for b in self._local_bounds])
+        corners = np.stack([np.stack([blo[:, 0] if x == 0 else bhi[:, 0], blo[:, 1] if y == 0 else bhi[:, 1],
+                                      blo[:, 2] if z == 0 else bhi[:, 2]], -1)
+                            for x in (0, 1) for y in (0, 1) for z in (0, 1)], 1)  # (n, 8, 3)
+        # every key: its corners
+        k_own = np.repeat(np.arange(len(insts)), counts)
+        v = corners[k_own] * s_all[:, None]
+        p = np.einsum("mcj,mij->mci", v, quat_to_matrix(q_all)) + t_all[:, None]
+        key_lo, key_hi, key_big = p.min(1), p.max(1), np.abs(p).max((1, 2))
+        # every segment: its corners at the sub-steps, and the arc between them
+        own = np.repeat(np.arange(len(insts)), nseg)
+        a = np.concatenate([np.arange(c - 1) + k for c, k in zip(counts, koff)]).astype(np.int64) if len(own) \
+            else np.zeros(0, np.int64)
+        seg_lo, seg_hi = np.zeros((len(a), 3)), np.zeros((len(a), 3))
+        seg_pad, seg_big = np.zeros(len(a)), np.zeros(len(a))
+        if len(a):
             b = a + 1
-            own = np.concatenate(seg_inst)
             qa, qb = q_all[a], q_all[b]
-            sub = 4  # sub-steps per key segment; the arc between them is covered by ``pad``
+            sub = 4  # sub-steps per key segment; the arc between them is covered by the pad
             ang = 2 * np.arccos(np.minimum(1.0, np.abs(np.sum(qa * qb, -1))))
             rad = np.linalg.norm(corners[own], axis=2).max(1) * np.maximum(np.abs(s_all[a]).max(1),
                                                                             np.abs(s_all[b]).max(1))
-            np.maximum.at(pad, own, rad * (1 - np.cos(ang / sub / 2)))
+            seg_pad = np.maximum(0.0, rad * (1 - np.cos(ang / sub / 2)))
             f = np.linspace(0, 1, sub + 1)
             q = quat_slerp(qa[:, None], qb[:, None], f[None, :])  # (m, 5, 4)
             sc = (1 - f)[None, :, None] * s_all[a][:, None] + f[None, :, None] * s_all[b][:, None]
             tr = (1 - f)[None, :, None] * t_all[a][:, None] + f[None, :, None] * t_all[b][:, None]
             v = corners[own][:, None] * sc[:, :, None]  # (m, 5, 8, 3)
-            p = np.einsum("mscj,msij->msci", v, quat_to_matrix(q)) + tr[:, :, None]
-            accumulate(p.reshape(len(a), -1, 3), own)
-        if one_k:
-            k = np.asarray(one_k)
-            own = np.asarray(one_inst)
-            v = corners[own] * s_all[k][:, None]
-            p = np.einsum("mcj,mij->mci", v, quat_to_matrix(q_all[k])) + t_all[k][:, None]
-            accumulate(p, own)
-        eps = 1e-4 * (1.0 + big)
-        return ((lo - (pad + eps)[:, None]).astype(np.float32), (hi + (pad + eps)[:, None]).astype(np.float32))
+            p = (np.einsum("mscj,msij->msci", v, quat_to_matrix(q)) + tr[:, :, None]).reshape(len(a), -1, 3)
+            seg_lo, seg_hi, seg_big = p.min(1), p.max(1), np.abs(p).max((1, 2))
+        self._key_box_cache = (seg_lo, seg_hi, seg_pad, seg_big, soff, key_lo, key_hi, key_big, koff)
+        return self._key_box_cache
 
     def trace(
         self,
