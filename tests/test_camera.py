@@ -288,6 +288,37 @@ def test_row_packets_equal_pixel_by_pixel(shutter, cars, monkeypatch):
     np.testing.assert_array_equal(color_only, one[P.COLOR])  # one trace serves both: the colour is the same alone
 
 
+@pytest.mark.parametrize("sun_elevation", [40.0, 12.0])
+def test_row_packet_static_shadows_equal_pixel_by_pixel(sun_elevation, monkeypatch):
+    """A run's shadow rays go through the static mesh as packets of neighbouring pixels (any-hit, where their
+    origins lie within a few metres): a box, a thin pole and a slanted wall on the ground cast the same shadows, bit
+    for bit, as pixel by pixel — under a high sun and a low one whose rays graze the ground and the occluders' edges —
+    and the shadowed ground is darker than the sunlit ground."""
+    import wsim.sensors.camera_render as camera_render
+    from wsim.sensors.camera import SunSky
+
+    ground = quad_mesh([-10, -20, 0], [60, 0, 0], [0, 40, 0])
+    box = box_mesh([12.0, -3.0, 0.0], [14.0, 1.0, 2.5])
+    pole = box_mesh([9.0, 3.0, 0.0], [9.15, 3.15, 4.0])
+    wall = quad_mesh([18.0, -8.0, 0.0], [2.0, 10.0, 0.0], [1.0, 0.0, 3.0])
+    scene = _scene_with_parts([ground, box, pole, wall], ["road", "building", "pole", "wall"])
+    cam = Camera(_plain_pinhole(160, 96, 70.0), device="cpu")
+    down = matrix_to_quat(np.array([[0.0, -1.0, 0.0], [-0.6, 0.0, -0.8], [0.8, 0.0, -0.6]]).T)
+    pose = _pose([0.0, 0.0, 9.0], down)
+
+    def render(packets: bool, shadows: bool = True) -> dict:
+        monkeypatch.setattr(camera_render, "ROW_PACKETS", packets)
+        light = SunSky(sun_elevation_deg=sun_elevation, sun_azimuth_deg=20.0, shadows=shadows)
+        return cam.render(scene, 0.0, 0.0, (P.COLOR, P.SEMANTICS), pose, lighting=light).numpy()
+
+    one, rows = render(False), render(True)
+    np.testing.assert_array_equal(rows["color"], one["color"])
+    lit = render(True, shadows=False)["color"]
+    road = one["semantics"] == scene.semantic_class_index("road")
+    darker = road & (one["color"].astype(int).sum(-1) < lit.astype(int).sum(-1))
+    assert road.mean() > 0.3 and darker.sum() > 100
+
+
 @pytest.mark.parametrize("moving", [False, True])
 def test_row_packet_shadows_of_instances_equal_pixel_by_pixel(moving, monkeypatch):
     """The shadow rays of a row run meet the instances through one list per run: a car above the ground (still, or

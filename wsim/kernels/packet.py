@@ -11,7 +11,9 @@ order-independent rules (equal distances: smallest face index; a box culled only
 every ray's result (t, slot, u, v) is bit-identical to tracing it alone with ``wide_closest`` (the triangle's slot as
 its int32 bits, :func:`wsim.kernels.widebvh.wide_slot`). Callers: :func:`wsim.kernels.lidar.walk_beam` and
 :func:`wsim.kernels.shading.render_rows_kernel`, then :func:`wsim.kernels.trace.closest_hit_given` /
-``closest_hit_listed`` per ray for the instances and the hit record.
+``closest_hit_listed`` per ray for the instances and the hit record; the camera's shadow rays through the any-hit
+variant (:func:`wide_packet_any_from`: a ray is done at its first triangle, so the answer per ray is whether it meets
+one, as :func:`wsim.kernels.widebvh.wide_any`'s).
 
 On CUDA the snippet compiles to a stub returning misses; the host selects the packet paths on the CPU only
 (``LidarParams.packet``, ``ROW_PACKETS``).
@@ -400,6 +402,24 @@ def wide_packet_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.a
     directions (one lidar emitter over consecutive ticks of a moving sensor). Row k of the result is exactly
     :func:`wsim.kernels.widebvh.wide_closest` of ``orgs[k] + dirs[k]·t_min[k]`` along ``dirs[k]`` over
     ``t_max[k] − t_min[k]``. CPU only: on CUDA every row is a miss."""
+    ...
+
+
+#: The any-hit variant: a ray that meets a triangle is done (its culling bound drops below every box), the packet
+#: once all its rays are.
+_PACKET_ANY_FROM = _PACKET_FROM.replace("            cTF[c] = cTM[c] * CULL;\n",
+                                        "            cTF[c] = acc ? (vf)(-1.0f) : cTF[c];\n")
+
+
+@wp.func_native(_PACKET_ANY_FROM)
+def wide_packet_any_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
+                         v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], orgs: mat64x3,
+                         dirs: mat64x3, t_min: vec64f, t_max: vec64f, n: int) -> mat64x4:
+    """Visibility of rays ``k < n`` from ``orgs[k]`` along ``dirs[k]`` over ``t_max[k] − t_min[k]`` from
+    ``orgs[k] + dirs[k]·t_min[k]`` (a camera run's shadow rays: parallel, from nearby surface points): row k's slot
+    ``[1]`` is >= 0 exactly where :func:`wsim.kernels.widebvh.wide_any` of that ray alone finds a triangle — the
+    same triangle test, and every leaf box that ray's traversal would enter is entered — (t, slot, u, v) of some
+    triangle it meets, not necessarily the nearest. CPU only: on CUDA every row is a miss."""
     ...
 
 

@@ -16,7 +16,7 @@ from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
-from .packet import mat64x3, mat64x4, vec64f, wide_packet
+from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_any_from
 from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, hit_distance,
                     instances_may_meet, miss, packet_instances, ray_box_entry)
 from .widebvh import wide_any, wide_any_from
@@ -52,6 +52,13 @@ class ShadeTables:
 
 #: Length of a shadow ray toward the sun [m].
 SHADOW_REACH = wp.constant(1.0e4)
+#: A camera run's shadow rays (parallel, toward the sun) go through the static 8-wide BVH as packets of this many
+#: neighbouring pixels (:func:`wsim.kernels.packet.wide_packet_any_from`) ...
+SHADOW_PACKET = wp.constant(16)
+#: ... where their origins lie within a box of this size [m] (larger, the packet's bounds take in so much of the
+#: tree that its rays alone cost less: measured on the built-in street, 1080p 18 % faster, 512×320 14 %; without the
+#: limit 512×320 went 17 % slower).
+SHADOW_SPREAD = wp.constant(3.0)
 
 
 @wp.struct
@@ -511,6 +518,38 @@ def render_rows_kernel(
         if geo.num_instances > 0:
             shadow_list = parallel_instances(geo, s_lo, s_hi, sun, SHADOW_REACH)
         rcp = wp.vec3(1.0 / sun[0], 1.0 / sun[1], 1.0 / sun[2])
+        s_dir = mat64x3()
+        for j in range(n):
+            for k in range(3):
+                s_dir[j, k] = sun[k]
+        s_blk = vec64f()  # 1: the static mesh blocks the pixel's shadow ray
+        if geo.static_mesh != wp.uint64(0) and shadow_list.n >= 0:  # neighbours' shadow rays as packets, where
+            # their origins lie close, else one by one: the same answers (any triangle met) as ray by ray
+            for g in range(0, n, SHADOW_PACKET):
+                s_far = vec64f()
+                m = int(0)
+                g_lo = wp.vec3(1.0e30)
+                g_hi = wp.vec3(-1.0e30)
+                for j in range(g, wp.min(g + SHADOW_PACKET, n)):
+                    if s_lit[j] > 0.0:
+                        s_far[j] = SHADOW_REACH
+                        m += 1
+                        o = wp.vec3(s_org[j, 0], s_org[j, 1], s_org[j, 2])
+                        g_lo = wp.min(g_lo, o)
+                        g_hi = wp.max(g_hi, o)
+                ext = g_hi - g_lo
+                if m > 1 and wp.max(ext[0], wp.max(ext[1], ext[2])) <= SHADOW_SPREAD:
+                    s_hit = wide_packet_any_from(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1,
+                                                 geo.wide_e2, geo.wide_fid, s_org, s_dir, lo, s_far, n)
+                    for j in range(g, wp.min(g + SHADOW_PACKET, n)):
+                        if s_far[j] > 0.0 and s_hit[j, 1] >= 0.0:
+                            s_blk[j] = 1.0
+                elif m > 0:
+                    for j in range(g, wp.min(g + SHADOW_PACKET, n)):
+                        if s_far[j] > 0.0:
+                            if occluded_static(geo, wp.vec3(s_org[j, 0], s_org[j, 1], s_org[j, 2]), sun,
+                                               SHADOW_REACH):
+                                s_blk[j] = 1.0
         for j in range(n):
             if s_lit[j] > 0.0:
                 st = ShadeTerms()
@@ -523,7 +562,7 @@ def render_rows_kernel(
                 if shadow_list.n < 0:
                     blocked = occluded(geo, o, sun, SHADOW_REACH, time)
                 else:
-                    blocked = occluded_static(geo, o, sun, SHADOW_REACH)
+                    blocked = s_blk[j] != 0.0
                     for q in range(shadow_list.n):
                         idx = shadow_list.idx[q]
                         if not blocked:
