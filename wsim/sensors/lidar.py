@@ -116,7 +116,7 @@ class Lidar:
         self._history: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._emitters: dict[str, Any] = {}
         self._tables: dict[int, Any] = {}
-        self._slot_pool: list[_Scratch] = []  # scratch buffers of finished renders, for the next one
+        self._scratch_pool: list[_Scratch] = []  # scratch buffers of finished renders, for the next one
         self._pool_lock = threading.Lock()
 
     @classmethod
@@ -532,14 +532,14 @@ class Lidar:
         (no allocation, no page faults: every buffer is written before it is read), else new ones."""
         if not fresh:
             with self._pool_lock:
-                for i, sc in enumerate(self._slot_pool):
+                for i, sc in enumerate(self._scratch_pool):
                     if sc.n == n:
-                        return self._slot_pool.pop(i)
+                        return self._scratch_pool.pop(i)
         return _Scratch(n, self.device)
 
     def _give_scratch(self, sc: _Scratch) -> None:
         with self._pool_lock:
-            self._slot_pool = [e for e in self._slot_pool if e.n != sc.n][-1:] + [sc]  # two sizes at most
+            self._scratch_pool = [e for e in self._scratch_pool if e.n != sc.n][-1:] + [sc]  # two sizes at most
 
     def _fire_slots(self) -> tuple[wp.array, wp.array, int]:
         """Firing-time slots: each emitter-table entry's index among its state's distinct firing delays, the delays
