@@ -8,7 +8,8 @@ import warp as wp
 from conftest import box_mesh, quad_mesh
 
 from wsim.kernels.shading import occluded
-from wsim.kernels.trace import SceneGeo, closest_hit, hit_distance, instances_may_meet
+from wsim.kernels.trace import Hit, SceneGeo, closest_hit, closest_hit_beyond, hit_distance, instances_may_meet
+from wsim.kernels.widebvh import wide_closest
 from wsim.launch import launch
 from wsim.scene import Instance, Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
@@ -471,6 +472,84 @@ def test_shadow_rays_through_instances_match_their_closest_hits():
         occ = out.numpy() == 1
         expect = hit & (t_max > h["t"])
         assert np.array_equal(occ, expect), (wide, int((occ != expect).sum()))
+
+
+@wp.kernel
+def _beyond_kernel(geo: SceneGeo, o: wp.array[wp.vec3], d: wp.array[wp.vec3], times: wp.array[float], reach: float,
+                   t_max: float, valid: wp.array[wp.int32], ref: wp.array[Hit], out: wp.array[Hit]):
+    i = wp.tid()
+    w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o[i], d[i],
+                     reach)
+    valid[i] = wp.where(w[1] < 0.0, 1, 0)  # the premise: no static surface within the reach
+    ref[i] = closest_hit(geo, o[i], d[i], 0.0, t_max, times[i])
+    if w[1] < 0.0:
+        out[i] = closest_hit_beyond(geo, o[i], d[i], t_max, reach, times[i])
+
+
+def _tie_scene() -> Scene:
+    """A static wall at x = 20 and two coincident instances of a 2 m square panel lying in the wall's plane (|y|,
+    |z| < 1), a third one 7 m before it higher up: ties between static and instance surfaces, and between
+    instances."""
+    p, f = quad_mesh([20.0, 0.0, 0.0], [0.0, 0.0, 8.0], [0.0, 8.0, 0.0])
+    s = _static_scene(p, f)
+    qp, qf = quad_mesh([1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0])
+    s.prototypes.append(MeshData(qp, qf, 1, name="panel"))
+    for k, (x, z) in enumerate(((19.0, 0.0), (19.0, 0.0), (12.0, 2.5))):
+        s.instances.append(Instance(0, [0.0], [[x, 0.0, z]], [[0.0, 0.0, 0.0, 1.0]], object_id=100 + k))
+    return s
+
+
+@pytest.mark.parametrize("case", ["instanced", "ties"])
+def test_closest_hit_beyond_the_static_reach_equals_closest_hit(case):
+    """A ray whose static surfaces all lie beyond a reach (a lidar packet met none within it) looks for the
+    instances first (:func:`closest_hit_beyond`): every Hit field equals :func:`closest_hit`'s bit for bit —
+    instance hits inside and beyond the reach, static hits before and behind instances, still and moving
+    instances, and exact ties (a static wall and two coincident instances' faces in one plane: the static surface
+    wins, then the first instance)."""
+    if case == "instanced":
+        scene = _instanced_scene()
+        n = 60000
+        rng = np.random.default_rng(5)
+        o = rng.uniform(-28, 28, (n, 3))
+        targets = np.concatenate([i.translations for i in scene.instances])
+        d = targets[rng.integers(0, len(targets), n)] + rng.normal(0, 2.0, (n, 3)) - o
+        times = rng.uniform(-0.1, 1.1, n)
+        reaches = (1.0, 4.0, 12.0)
+    else:
+        scene = _tie_scene()
+        n = 40000
+        rng = np.random.default_rng(6)
+        o = np.zeros((n, 3)) + [0.0, 0.0, 0.0]
+        o[:, 1:] = rng.integers(-4, 5, (n, 2)) * 0.25
+        d = np.concatenate([np.full((n, 1), 20.0), rng.uniform(-1.5, 1.5, (n, 2))], axis=1)
+        d[: n // 4, 1:] = 0.0  # axis-parallel rays: the same bits on the wall and on the boxes' far faces
+        times = np.zeros(n)
+        reaches = (5.0, 18.5)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    geo = SceneGeometry(scene, "cpu")
+    assert geo.geo.use_wide != 0
+    arr = lambda x, dt=wp.vec3: wp.array(np.ascontiguousarray(x, np.float32), dtype=dt, device="cpu")  # noqa: E731
+    kinds = set()
+    for reach in reaches:
+        valid = wp.zeros(n, dtype=wp.int32, device="cpu")
+        ref = wp.zeros(n, dtype=Hit, device="cpu")
+        out = wp.zeros(n, dtype=Hit, device="cpu")
+        wp.launch(_beyond_kernel, n, [geo.geo, arr(o), arr(d), arr(times, float), reach, 1.0e3], [valid, ref, out],
+                  device="cpu")
+        v = valid.numpy() == 1
+        assert v.mean() > 0.2, reach
+        a, b = ref.numpy()[v], out.numpy()[v]
+        for field in a.dtype.names:
+            assert a[field].tobytes() == b[field].tobytes(), (reach, field)
+        inst, hit, t = a["instance"], a["face"] >= 0, a["t"]
+        kinds |= {"instance inside" if x else "instance beyond" for x in t[hit & (inst >= 0)] < reach}
+        kinds |= {"static"} if (hit & (inst < 0)).any() else set()
+        if case == "ties":
+            ov, dv = o[v], d[v]
+            tie = (dv[:, 1] == 0) & (dv[:, 2] == 0) & (np.abs(ov[:, 1]) < 1) & (np.abs(ov[:, 2]) < 1)
+            assert tie.sum() > 100 and np.all(hit[tie] & (inst[tie] < 0))  # the wall's surface won the tie
+            assert set(np.unique(inst[inst >= 0])) <= {0, 2}  # of two coincident instances, the first
+    assert kinds == {"instance inside", "instance beyond", "static"}
 
 
 @wp.kernel

@@ -36,7 +36,7 @@ from .lidar_types import (  # noqa: F401
 from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_from
 from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Listed, SceneGeo, closest_hit,
-                    closest_hit_given, cone_instances, continue_past, hit_distance, hit_record,
+                    closest_hit_beyond, closest_hit_given, cone_instances, continue_past, hit_distance, hit_record,
                     listed_packet, miss, nearest_hit, point_velocity, shading_normal, static_hit)
 
 
@@ -1261,10 +1261,13 @@ def deliver_idealized(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: Ti
     """Steps 4–8 of an idealized firing: its echoes in path order — the first surface, then the surfaces behind
     transmissive ones (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray — each
     delivered as the walk meets it (nothing kept, no later surface found again); blank slots after the last. ``first``: the static wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it,
-    or ``FIRST_UNKNOWN`` in ``[1]`` (then the ray is traced here)."""
+    ``FIRST_BEYOND`` in ``[1]`` (no static surface within the packet's reach) or ``FIRST_UNKNOWN`` (then the ray is
+    traced here)."""
     h = miss()
-    if first[1] != FIRST_UNKNOWN:
+    if first[1] >= -1.0:  # the static answer: a slot, or none (-1)
         h = closest_hit_given(geo, ray.origin, ray.dir, 0.0, p.far, fr.time, first)
+    elif first[1] == FIRST_BEYOND:
+        h = closest_hit_beyond(geo, ray.origin, ray.dir, p.far, wp.min(p.far, PACKET_REACH), fr.time)
     else:
         h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, fr.time)
     n = int(0)
@@ -1350,6 +1353,9 @@ FIRST_PACKET = wp.constant(16)
 #: ``first[f][1]`` of a firing whose static surface :func:`lidar_first_kernel` did not find (the fire kernel traces
 #: it over its whole range); a slot's int32 bits as a float are never negative, a miss is −1.
 FIRST_UNKNOWN = wp.constant(-2.0)
+#: ``first[f][1]`` of a firing whose static surface lies beyond ``PACKET_REACH`` (:func:`lidar_first_kernel`'s
+#: packet met none within it): the fire kernel looks for the instances first (:func:`closest_hit_beyond`).
+FIRST_BEYOND = wp.constant(-3.0)
 
 
 @wp.kernel(enable_backward=False)
@@ -1372,8 +1378,9 @@ def lidar_first_kernel(
     state's grid: origins millimetres apart, directions tenths of a degree — traverse the static 8-wide BVH as one
     multi-origin packet (:func:`wsim.kernels.packet.wide_packet_from`, each ray's own result bit for bit) over the
     first ``PACKET_REACH`` metres. ``first[f]`` = (t, slot, u, v) as :func:`wsim.kernels.widebvh.wide_closest` finds
-    it over the whole range, or ``FIRST_UNKNOWN`` in ``[1]``: not within the reach, or the group's rays are not
-    within ``PACKET_COS`` of one direction and octant (such a packet would cost more than its rays alone)."""
+    it over the whole range, ``FIRST_BEYOND`` in ``[1]``: none within the reach, or ``FIRST_UNKNOWN``: the group's
+    rays are not within ``PACKET_COS`` of one direction and octant (such a packet would cost more than its rays
+    alone)."""
     s = (wp.tid() + offset) * FIRST_PACKET
     m = wp.min(FIRST_PACKET, n - s)
     orgs = mat64x3()
@@ -1408,8 +1415,11 @@ def lidar_first_kernel(
     res = wide_packet_from(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, orgs,
                            dirs, lo, hi, m)
     for k in range(m):
-        if hi[k] > 0.0 and (res[k, 1] >= 0.0 or reach >= p.far):
-            first[order[s + k]] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+        if hi[k] > 0.0:
+            if res[k, 1] >= 0.0 or reach >= p.far:
+                first[order[s + k]] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+            else:
+                first[order[s + k]] = wp.vec4(0.0, FIRST_BEYOND, 0.0, 0.0)
 
 
 @wp.kernel(enable_backward=False)

@@ -193,12 +193,20 @@ def _with_instances(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: f
                     b: Nearest) -> Hit:
     """The closest of the static surface found ``b`` (``b.face`` < 0: none, ``b.t`` then the range's end) and the
     instances' surfaces nearer than it (through the top-level BVH), as a Hit."""
+    return _hit_of(geo, origin, direction, time, _instances_nearer(geo, origin, direction, t_min, time, b))
+
+
+@wp.func(inline=True)
+def _instances_nearer(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min: float, time: float,
+                      b: Nearest) -> Nearest:
+    """``b``, or the nearest instance surface strictly nearer than ``b.t`` [m] (the first in the top-level BVH's
+    order among equals)."""
     if instances_may_meet(geo, origin, direction, b.t):
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
         while wp.bvh_query_next(bq, idx, b.t):
             b = _try_instance(geo, idx, origin, direction, t_min, time, b)
-    return _hit_of(geo, origin, direction, time, b)
+    return b
 
 
 @wp.func(inline=True)
@@ -545,6 +553,32 @@ def closest_hit_given(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min:
     return _with_instances(geo, origin, direction, t_min, time, _wide_nearest(geo, t_min, t_max, w))
 
 
+@wp.func(inline=True)
+def closest_hit_beyond(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, reach: float,
+                       time: float) -> Hit:
+    """:func:`closest_hit` from 0 to ``t_max`` [m] of a ray whose static surfaces all lie at ``reach`` [m] or beyond
+    (the static wide BVH over [0, reach] found none: a packet said so), the same bits: the instances first, over the
+    whole range; one nearer than the reach is the answer (no static surface is), else the static wide BVH is traversed
+    only up to it, and the static surface wins a tie as in :func:`closest_hit`. Only for ``geo.use_wide != 0``. (A
+    lidar ray over a car's roof or bonnet: its static surface is tens of metres on, past the car.)"""
+    bi = _instances_nearer(geo, origin, direction, 0.0, time, _nearest(t_max, -1, 0.0, 0.0, wp.vec3(0.0, 0.0, 1.0)))
+    if bi.face >= 0 and bi.t < reach:
+        return _hit_of(geo, origin, direction, time, bi)
+    span = t_max
+    if bi.face >= 0:
+        span = wp.min(t_max, bi.t * BEYOND_MARGIN)  # (> bi.t: a static surface at bi.t is found, and wins)
+    w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, origin,
+                     direction, span)
+    if w[1] >= 0.0 and (bi.face < 0 or w[0] <= bi.t):
+        return _hit_of(geo, origin, direction, time, _wide_nearest(geo, 0.0, t_max, w))
+    return _hit_of(geo, origin, direction, time, bi)
+
+
+#: :func:`closest_hit_beyond`'s static range past the instance's hit, as a factor: anything above 1 + 2⁻²³ finds a
+#: static surface at the very same distance; the static answer within it is the whole range's (same bits).
+BEYOND_MARGIN = wp.constant(1.001)
+
+
 @wp.func
 def continue_past(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, prev_t: float, t_max: float, time: float) -> Hit:
     """The next surface strictly beyond a previous hit at ``prev_t`` [m] (shared-edge duplicates skipped)."""
@@ -683,9 +717,9 @@ def trace_closest_packets_kernel(
     """:func:`trace_closest_kernel` over rays ``TRACE_PACKET · tid`` on (CPU, ``geo.use_wide``): when those rays start
     at the same point (a lidar's column of emitters, a camera's pixels) they traverse the static 8-wide BVH as one
     packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit) over
-    the first ``PACKET_REACH`` metres of their range; a ray that meets nothing there is traced alone over its whole
-    range (the closest hit inside the reach is the closest hit of the whole range, the same bits), then the
-    instances ray by ray through the top level. A narrow group (within ``LIST_COS``) is :func:`_trace_narrow`'s:
+    the first ``PACKET_REACH`` metres of their range, then the instances ray by ray through the top level (the
+    closest hit inside the reach is the closest hit of the whole range, the same bits); a ray that meets nothing
+    there is traced alone, from 0 instances first (:func:`closest_hit_beyond`). A narrow group (within ``LIST_COS``) is :func:`_trace_narrow`'s:
     its rays that met nothing go on as one packet over their whole range, and at one instant (from 0) the instances
     they may meet are listed once and traversed as packets. Groups of rays from several origins, or not within
     ``PACKET_COS`` of one direction and octant: ray by ray."""
@@ -728,6 +762,8 @@ def trace_closest_packets_kernel(
             if res[k, 1] >= 0.0 or reach >= t_max:
                 w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
                 hits[s + k] = closest_hit_given(geo, o, d, t_min, t_max, times[s + k], w)
+            elif t_min == 0.0:
+                hits[s + k] = closest_hit_beyond(geo, o, d, t_max, reach, times[s + k])
             else:
                 hits[s + k] = closest_hit(geo, o, d, t_min, t_max, times[s + k])
     else:
