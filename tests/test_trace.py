@@ -344,6 +344,17 @@ def _instanced_scene() -> Scene:
     return s
 
 
+def _rays_at_instances(scene: Scene, n: int, seed: int, extent: float = 30.0, spread: float = 1.5):
+    """n rays from uniform points in [-extent, extent]³ aimed at the instances' key positions (a normal scatter of
+    ``spread`` metres), unit directions, and times over the keys' range and beyond: (o, d, times, rng)."""
+    rng = np.random.default_rng(seed)
+    o = rng.uniform(-extent, extent, (n, 3))
+    targets = np.concatenate([i.translations for i in scene.instances])
+    d = targets[rng.integers(0, len(targets), n)] + rng.normal(0, spread, (n, 3)) - o
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    return o, d, rng.uniform(-0.1, 1.1, n), rng
+
+
 def test_wide_bvh_instances_match_mesh_query_ray():
     """Instanced prototypes (still and moving, rotated, non-uniformly scaled) traced through their 8-wide BVHs
     give mesh_query_ray's hits: same instance, face, t within 1e-5 relative."""
@@ -352,12 +363,7 @@ def test_wide_bvh_instances_match_mesh_query_ray():
     ref = SceneGeometry(scene, "cpu", wide=False)
     assert np.all(wide.geo.inst_wide_root.numpy() >= 0) and np.all(ref.geo.inst_wide_root.numpy() == -1)
     n = 60000
-    rng = np.random.default_rng(9)
-    o = rng.uniform(-30, 30, (n, 3))
-    targets = np.concatenate([i.translations for i in scene.instances])
-    d = targets[rng.integers(0, len(targets), n)] + rng.normal(0, 1.5, (n, 3)) - o  # aimed at the instances
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
-    times = rng.uniform(-0.1, 1.1, n)
+    o, d, times, _ = _rays_at_instances(scene, n, 9)
     a, b = wide.trace(o, d, times).numpy(), ref.trace(o, d, times).numpy()
     on_inst = b["instance"] >= 0
     assert on_inst.mean() > 0.08 and (b["instance"][on_inst] >= 12).mean() > 0.2  # moving ones are hit too
@@ -453,12 +459,7 @@ def test_shadow_rays_through_instances_match_their_closest_hits():
     lies before t_max (rays ending 1 mm short of or beyond a hit)."""
     scene = _instanced_scene()
     n = 40000
-    rng = np.random.default_rng(12)
-    o = rng.uniform(-30, 30, (n, 3))
-    targets = np.concatenate([i.translations for i in scene.instances])
-    d = targets[rng.integers(0, len(targets), n)] + rng.normal(0, 1.5, (n, 3)) - o
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
-    times = rng.uniform(-0.1, 1.1, n)
+    o, d, times, rng = _rays_at_instances(scene, n, 12)
     for wide in (True, False):
         geo = SceneGeometry(scene, "cpu", wide=wide)
         h = geo.trace(o, d, times).numpy()
@@ -509,11 +510,7 @@ def test_closest_hit_beyond_the_static_reach_equals_closest_hit(case):
     if case == "instanced":
         scene = _instanced_scene()
         n = 60000
-        rng = np.random.default_rng(5)
-        o = rng.uniform(-28, 28, (n, 3))
-        targets = np.concatenate([i.translations for i in scene.instances])
-        d = targets[rng.integers(0, len(targets), n)] + rng.normal(0, 2.0, (n, 3)) - o
-        times = rng.uniform(-0.1, 1.1, n)
+        o, d, times, _ = _rays_at_instances(scene, n, 5, extent=28.0, spread=2.0)
         reaches = (1.0, 4.0, 12.0)
     else:
         scene = _tie_scene()
