@@ -618,8 +618,8 @@ def _same_point(a: wp.vec3, b: wp.vec3) -> bool:
     return wide_slot(a[0]) == wide_slot(b[0]) and wide_slot(a[1]) == wide_slot(b[1]) and wide_slot(a[2]) == wide_slot(b[2])
 
 
-#: The widest packet of :func:`trace_closest_packets_kernel` that goes on past the reach as a packet and lists its
-#: instances: rays within 1° of its first (a camera row's run) stay a narrow packet out of the scene and meet the
+#: The widest packet of :func:`trace_closest_packets_kernel` that is traced over its whole range at once and lists
+#: its instances: rays within 1° of its first (a camera row's run) stay a narrow packet out of the scene and meet the
 #: instances their cone lists; in a wider one (a lidar's column) most rays meet none of them and their own
 #: top-level queries cost less (measured on the built-in street: camera rays 25 % faster so, a 5° lidar column
 #: 8 % slower listed).
@@ -627,79 +627,47 @@ LIST_COS = wp.constant(0.9998477)
 
 
 @wp.func(inline=True)
-def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, reach: float, t_max: float,
+def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_max: float,
                   times: wp.array[float], s: int, res: mat64x4, hits: wp.array[Hit]) -> int:
     """:func:`trace_closest_packets_kernel`'s hits of a narrow packet at one instant ``times[s]``, from 0, with the
-    instances its rays may meet listed once (:func:`packet_instances`): those that met a static surface within the
-    reach (or whose reach is their range) past the listed instances, traversed once as packets
-    (:func:`listed_packet`; none listed: the static answers alone), the others alone over their range. 0 (nothing
-    written) when they are not listed. (Its own function: its records are declared, and zeroed, only for such
-    packets.)"""
+    instances its rays may meet listed once (:func:`packet_instances`; ``res``: the static answers over the whole
+    range): the listed instances traversed once as packets (:func:`listed_packet`; none listed: the static answers
+    alone). 0 (nothing written) when they are not listed. (Its own function: its records are declared, and zeroed,
+    only for such packets.)"""
     ok = vec64f()
     active = vec64i()
     for k in range(m):
         ok[k] = 1.0
-        active[k] = wp.where(res[k, 1] >= 0.0 or reach >= t_max, 1, 0)
+        active[k] = 1
     listed = packet_instances(geo, o, dirs, m, ok)
     if listed.n < 0:
         return 0
     time = times[s]
     if listed.n == 0:
         for k in range(m):
-            d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-            if active[k] != 0:
-                hits[s + k] = static_hit(geo, o, d, time, 0.0, t_max, wp.vec4(res[k, 0], res[k, 1], res[k, 2],
-                                                                               res[k, 3]))
-            else:
-                hits[s + k] = closest_hit(geo, o, d, lo[k], t_max, time)
+            hits[s + k] = static_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, 0.0, t_max,
+                                     wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
         return 1
     lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, res, listed)
     for k in range(m):
-        d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-        if active[k] != 0:
-            hits[s + k] = nearest_hit(geo, o, d, time, lt[k], lf[k], li[k], lu[k], lv[k],
-                                      wp.vec3(lnx[k], lny[k], lnz[k]))
-        else:
-            hits[s + k] = closest_hit(geo, o, d, lo[k], t_max, time)
+        hits[s + k] = nearest_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, lt[k], lf[k], li[k],
+                                  lu[k], lv[k], wp.vec3(lnx[k], lny[k], lnz[k]))
     return 1
 
 
 @wp.func(inline=True)
-def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, reach: float, t_min: float,
-                  t_max: float, times: wp.array[float], s: int, same_time: bool, first: mat64x4,
-                  hits: wp.array[Hit]):
+def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_min: float, t_max: float,
+                  times: wp.array[float], s: int, same_time: bool, res: mat64x4, hits: wp.array[Hit]):
     """:func:`trace_closest_packets_kernel`'s hits of a narrow packet (rays within ``LIST_COS`` of its first;
-    ``first``: their packet's answers within the reach): the rays that met nothing there go on as one packet over
-    their whole range (a narrow packet stays narrow out of the scene, cheaper than each ray alone); at one instant
-    from 0 the instances are listed once (:func:`_trace_listed`), else each ray's go through the top level. (Its own
-    function: its vectors are declared, and zeroed, only for such packets.)"""
-    res = first
-    full = reach
-    if reach < t_max:
-        far = vec64f()
-        n_far = int(0)
-        for k in range(m):
-            if res[k, 1] < 0.0:
-                far[k] = t_max
-                n_far += 1
-        if n_far > 1:
-            res_far = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2,
-                                  geo.wide_fid, o, dirs, lo, far, m)
-            for k in range(m):
-                if far[k] > 0.0:
-                    for e in range(4):
-                        res[k, e] = res_far[k, e]
-            full = t_max  # every answer is of the whole range now
+    ``res``: their packet's answers over their whole range, a narrow packet staying narrow out of the scene): at one
+    instant from 0 the instances are listed once (:func:`_trace_listed`), else each ray's go through the top level.
+    (Its own function: its vectors are declared, and zeroed, only for such packets.)"""
     if geo.num_instances > 0 and same_time and t_min == 0.0:
-        if _trace_listed(geo, o, dirs, m, lo, full, t_max, times, s, res, hits) != 0:
+        if _trace_listed(geo, o, dirs, m, lo, t_max, times, s, res, hits) != 0:
             return
     for k in range(m):
-        d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-        if res[k, 1] >= 0.0 or full >= t_max:
-            hits[s + k] = closest_hit_given(geo, o, d, t_min, t_max, times[s + k],
-                                            wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
-        else:
-            hits[s + k] = closest_hit(geo, o, d, t_min, t_max, times[s + k])
+        hits[s + k] = closest_hit_given(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
+                                        times[s + k], wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
 
 
 @wp.kernel
@@ -719,9 +687,9 @@ def trace_closest_packets_kernel(
     packet (:func:`wsim.kernels.packet.wide_packet`, which gives each ray its own traversal's result bit for bit) over
     the first ``PACKET_REACH`` metres of their range, then the instances ray by ray through the top level (the
     closest hit inside the reach is the closest hit of the whole range, the same bits); a ray that meets nothing
-    there is traced alone, from 0 instances first (:func:`closest_hit_beyond`). A narrow group (within ``LIST_COS``) is :func:`_trace_narrow`'s:
-    its rays that met nothing go on as one packet over their whole range, and at one instant (from 0) the instances
-    they may meet are listed once and traversed as packets. Groups of rays from several origins, or not within
+    there is traced alone, from 0 instances first (:func:`closest_hit_beyond`). A narrow group (within ``LIST_COS``) is traced over its whole range at
+    once (a narrow packet stays narrow out of the scene) and is :func:`_trace_narrow`'s: at one instant (from 0) the
+    instances its rays may meet are listed once and traversed as packets. Groups of rays from several origins, or not within
     ``PACKET_COS`` of one direction and octant: ray by ray."""
     s = (wp.tid() + offset) * TRACE_PACKET
     m = wp.min(TRACE_PACKET, n - s)
@@ -749,13 +717,15 @@ def trace_closest_packets_kernel(
         lo = vec64f()
         hi = vec64f()
         reach = wp.min(t_max, t_min + PACKET_REACH)
+        if narrow:
+            reach = t_max  # a narrow packet stays narrow out of the scene: its whole range at once
         for k in range(m):
             lo[k] = t_min
             hi[k] = reach
         res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
                           dirs, lo, hi, m)
         if narrow:
-            _trace_narrow(geo, o, dirs, m, lo, reach, t_min, t_max, times, s, same_time, res, hits)
+            _trace_narrow(geo, o, dirs, m, lo, t_min, t_max, times, s, same_time, res, hits)
             return
         for k in range(m):
             d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
