@@ -231,6 +231,50 @@ def test_ray_count_mismatch_is_an_error():
         geo.trace(np.zeros((3, 3)), np.ones((2, 3)))
 
 
+def test_trace_answers_held_by_the_caller_are_never_overwritten(device):
+    """trace reuses an answer's arrays on the CPU once nothing holds them, and only then: a kept Hits, a NumPy
+    view of its fields or a torch tensor of its records keeps its answer."""
+    torch = pytest.importorskip("torch")
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])  # plane x = 5 facing -x
+    geo = SceneGeometry(_static_scene(p, f), device)
+    n = 300
+    d = np.column_stack([np.ones(n), np.linspace(-0.5, 0.5, n), np.zeros(n)])
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    o = np.zeros((n, 3))
+    far = o - [[3.0, 0.0, 0.0]]  # the same rays from 3 m further back: t grows by 3 / d_x
+    t_near = 5.0 / d[:, 0]
+
+    kept = geo.trace(o, d)
+    other = geo.trace(far, d)  # (kept is held: a new array)
+    assert kept.records.ptr != other.records.ptr
+    np.testing.assert_allclose(kept.numpy()["t"], t_near, rtol=1e-5)
+    np.testing.assert_allclose(other.numpy()["t"], t_near + 3.0 / d[:, 0], rtol=1e-5)
+
+    t_view = geo.trace(o, d).numpy()["t"]  # the Hits dropped, a view of its field kept
+    view_of = geo.trace(far, d)
+    np.testing.assert_allclose(t_view, t_near, rtol=1e-5)
+    masks = [geo.trace(o, d, max_hits=2)]  # the multi-hit records and counts as well
+    geo.trace(far, d, max_hits=2)
+    assert list(masks[0].numpy()["count"]) == [1] * n
+    np.testing.assert_allclose(masks[0].numpy()["t"][:, 0], t_near, rtol=1e-5)
+    del view_of, masks
+
+    if device == "cpu":
+        h = geo.trace(o, d)
+        tensor = torch.from_numpy(h.numpy()["t"])  # a tensor sharing the answer's memory
+        ptr = h.records.ptr
+        del h
+        again = geo.trace(far, d)
+        assert again.records.ptr != ptr  # the tensor holds the first answer
+        np.testing.assert_allclose(tensor.numpy(), t_near, rtol=1e-5)
+        del tensor
+        ptr = again.records.ptr
+        del again
+        reused = geo.trace(o, d)  # nothing holds it now: the same memory, the new answer
+        assert reused.records.ptr == ptr
+        np.testing.assert_allclose(reused.numpy()["t"], t_near, rtol=1e-5)
+
+
 def test_geometry_view_with_other_instance_keys_shares_meshes(device):
     bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
     s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))

@@ -5,6 +5,7 @@ window. Built once per scene and device; a new time window only refits the top l
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,6 +71,8 @@ class SceneGeometry:
         scene.validate()
         self.scene = scene
         self.device = wp.get_device(device)
+        self._answers: dict[tuple, wp.array] = {}  # trace's latest answer arrays, see _answer_array
+        self._answers_lock = threading.Lock()
         ctor = _constructor(self.device, bvh_constructor)
         d = self.device
         self._keep: list = []
@@ -239,6 +242,7 @@ class SceneGeometry:
         view.scene, view.device = scene, self.device
         view.static_mesh, view.prototype_meshes = self.static_mesh, self.prototype_meshes
         view._keep = [self]  # the meshes' owner lives as long as the view
+        view._answers, view._answers_lock = {}, threading.Lock()  # (its own answers)
         view.instances = list(instances)
         view._local_bounds = self._local_bounds
         if all(a is b for a, b in zip(view.instances, self.instances)):  # the same keys: the same key boxes
@@ -394,6 +398,28 @@ class SceneGeometry:
         self._key_box_cache = (seg_lo, seg_hi, seg_pad, seg_big, soff, key_lo, key_hi, key_big, koff)
         return self._key_box_cache
 
+    #: Answer arrays kept for reuse (the latest shapes).
+    ANSWERS_KEPT = 4
+
+    def _answer_array(self, shape: int | tuple[int, ...], dtype) -> wp.array:
+        """An array for :meth:`trace`'s answer (contents undefined): on the CPU the array of an earlier answer of the
+        same shape and type once nothing else holds it — neither its :class:`Hits` nor a NumPy or torch view of it
+        (each holds a reference) — else a new one. Fresh host memory is paid for at the first write, page by page
+        (faulted in and zeroed by the kernel): about a third of the time of tracing a 1920 × 1080 camera's rays.
+        The arrays of the latest :data:`ANSWERS_KEPT` shapes stay allocated."""
+        if not self.device.is_cpu:  # (CUDA allocations come from Warp's memory pool)
+            return wp.empty(shape, dtype=dtype, device=self.device)
+        key = (shape if isinstance(shape, tuple) else (shape,), dtype)
+        with self._answers_lock:
+            arr = self._answers.pop(key, None)
+            # references: the local name and getrefcount's argument; one more is a holder's
+            if arr is None or sys.getrefcount(arr) > 2:
+                arr = wp.empty(shape, dtype=dtype, device=self.device)
+            self._answers[key] = arr  # (the latest last)
+            while len(self._answers) > self.ANSWERS_KEPT:
+                self._answers.pop(next(iter(self._answers)))
+            return arr
+
     def trace(
         self,
         origins: np.ndarray | wp.array,
@@ -420,7 +446,9 @@ class SceneGeometry:
             threads: CPU threads (default: all cores).
 
         Returns:
-            :class:`Hits`: records of shape (N,) for ``max_hits == 1``, else (N, max_hits) with per-ray counts.
+            :class:`Hits`: records of shape (N,) for ``max_hits == 1``, else (N, max_hits) with per-ray counts. On
+            the CPU its arrays are those of an earlier answer of the same shape once nothing holds that answer (nor
+            a NumPy, torch or Warp view of it): keep the answer, or a view, to keep its values.
         """
         d = self.device
         o = origins if isinstance(origins, wp.array) else wp.array(np.asarray(origins, np.float32).reshape(-1, 3),
@@ -435,7 +463,7 @@ class SceneGeometry:
         else:
             tt = wp.array(np.broadcast_to(np.asarray(times, np.float32), (n,)).copy(), dtype=float, device=d)
         if max_hits == 1:
-            hits = wp.empty(n, dtype=_trace.Hit, device=d)
+            hits = self._answer_array(n, _trace.Hit)
             if self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
                 p = _trace.TRACE_PACKET
                 _launch.launch(_trace.trace_closest_packets_kernel, -(-n // p),
@@ -445,8 +473,8 @@ class SceneGeometry:
                 _launch.launch(_trace.trace_closest_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max)],
                                [hits], device=d, threads=threads)
             return Hits(hits)
-        hits = wp.empty((n, max_hits), dtype=_trace.Hit, device=d)
-        counts = wp.empty(n, dtype=wp.int32, device=d)
+        hits = self._answer_array((n, max_hits), _trace.Hit)
+        counts = self._answer_array(n, wp.int32)
         _launch.launch(_trace.trace_all_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max), int(max_hits)],
                        [hits, counts], device=d, threads=threads)
         return Hits(hits, counts)
