@@ -79,6 +79,7 @@ import wsim  # noqa: E402
 from wsim import launch as wlaunch  # noqa: E402
 from wsim.scene import MeshData, Scene  # noqa: E402
 from wsim.scene import geometry as wgeo  # noqa: E402
+from wsim.kernels import trace as _trace  # noqa: E402
 from wsim.scene.builtin import icosphere  # noqa: E402
 from wsim.scene.widebvh import build_wide_bvh  # noqa: E402
 from wsim.scene.transforms import interpolate_pose, quat_to_matrix  # noqa: E402
@@ -469,7 +470,8 @@ def agreement(t_ref: np.ndarray, hit_ref: np.ndarray, t: np.ndarray) -> float:
 
 # ---------------------------------------------------------------------------------------------------------- driver
 def bench_cpu(name: str, scene: Scene, ray_sets, peers: dict[str, Peer | None], args, out: dict, first: bool) -> None:
-    """Times wsim and every peer on ``ray_sets`` (label -> fn(geo) -> (origins, directions)); appends rows to
+    """Times wsim and every peer on ``ray_sets`` (label -> fn(geo) -> (origins, directions, their grid: wsim is told
+    it, ``SceneGeometry.trace(grid=)``, and timed without it too)); appends rows to
     ``out["rates"]``, ``out["builds"]`` and ``out["agree"]``."""
     big = scene.num_triangles > 1_000_000
     reps_build = 1 if (args.quick or big) else 3
@@ -491,13 +493,15 @@ def bench_cpu(name: str, scene: Scene, ray_sets, peers: dict[str, Peer | None], 
 
     geo = wgeo.SceneGeometry(scene, "cpu")
     for label, rays_fn in ray_sets:
-        o_np, d_np = rays_fn(geo)
+        o_np, d_np, grid = rays_fn(geo)
         n = len(o_np)
         o = wp.array(o_np, dtype=wp.vec3, device="cpu")
         d = wp.array(d_np, dtype=wp.vec3, device="cpu")
         tt = wp.full(n, t_scene, dtype=float, device="cpu")
         # every timed call of this ray set, warmed up once (wsim: kernel load; Dr.Jit: the JIT compile)
-        calls = {"wsim 1T": lambda: geo.trace(o, d, tt, threads=1), "wsim NT": lambda: geo.trace(o, d, tt, threads=nt)}
+        calls = {"wsim 1T": lambda: geo.trace(o, d, tt, threads=1, grid=grid),
+                 "wsim NT": lambda: geo.trace(o, d, tt, threads=nt, grid=grid),
+                 "wsim NT flat": lambda: geo.trace(o, d, tt, threads=nt)}
         prepared = {}
         for key, peer in peers.items():
             if peer is None:
@@ -549,7 +553,7 @@ def bench_cpu(name: str, scene: Scene, ray_sets, peers: dict[str, Peer | None], 
         f3 = (lambda x: "-" if x is None else f"{x:.3f}")
         out["agree"].append([
             name, label, f"{100.0 * w_hit.mean():.1f}", f3(agree.get("Embree")), f3(agree.get("Open3D")),
-            f3(agree.get("Mitsuba")), f"{w1 / wn:.2f}", f2(mi_incoherent),
+            f3(agree.get("Mitsuba")), f"{w1 / wn:.2f}", f"{n / best['wsim NT flat'] / 1e6:.2f}", f2(mi_incoherent),
         ])
     for peer in peers.values():
         if peer is not None:
@@ -635,8 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     tiles = 2 if args.quick else 3
 
     def ray_sets(lidar_origin, camera):
-        return [("lidar", lambda g: lidar_rays(lidar_origin(g), 128, n_az)),
-                ("camera", lambda g: camera_rays(*camera(g), cam_w, cam_h))]
+        return [("lidar", lambda g: (*lidar_rays(lidar_origin(g), 128, n_az), (n_az, 128))),
+                ("camera", lambda g: (*camera_rays(*camera(g), cam_w, cam_h), (cam_h, cam_w)))]
 
     scenes = []
     if STREET_FILE.exists():
@@ -677,7 +681,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"Open3D ({nt}T)", f"Mitsuba ({nt}T)"], out["builds"])]
     text += ["", "Agreement with wsim (same hit/miss and, for hits, distance within 1 mm) [%], and details:", "",
              table(["scene", "rays", "wsim hit [%]", "Embree", "Open3D", "Mitsuba", f"wsim scaling {nt}T/1T",
-                    f"Mitsuba {nt}T coherent=False [Mrays/s]"], out["agree"])]
+                    f"wsim {nt}T without the grid [Mrays/s]", f"Mitsuba {nt}T coherent=False [Mrays/s]"],
+                   out["agree"])]
     if cuda_rows:
         text += ["", table(["scene", "constructor", "triangles", "rays", "build [ms]", "wsim CUDA [Mrays/s]"],
                            cuda_rows)]
@@ -690,7 +695,9 @@ def main(argv: list[str] | None = None) -> int:
              f"pinhole, 60 deg horizontal FOV, 1.6 m above the ground, row-major pixel order. Best of {reps} rounds "
              f"(one call of each engine per round) after a warm-up call each. wsim: static wp.Mesh ({ctor}, leaf "
              f"size {wgeo.BVH_LEAF_SIZE}) collapsed into an 8-wide BVH for the CPU traversal "
-             f"({'on' if wgeo.WIDE_BVH else 'off'}), full Hit records, 1 and {nt} threads; Embree: embreex "
+             f"({'on' if wgeo.WIDE_BVH else 'off'}), full Hit records, 1 and {nt} threads, told the rays' grid "
+             f"(azimuths x elevations, rows x columns: traced in tiles of {_trace.TILE_ROWS} x {_trace.TILE_COLS} "
+             f"neighbours; the details table has it without); Embree: embreex "
              f"rtcIntersect1 loop on 1 thread (u, v, Ng, tfar, primID, geomID); Open3D: RaycastingScene.cast_rays("
              f"nthreads={nt}); Mitsuba: {MitsubaPeer.variant}, ray_intersect_preliminary + dr.eval + "
              f"dr.sync_thread with dr.set_thread_count({nt}), the faster of coherent=True and "

@@ -430,27 +430,35 @@ class SceneGeometry:
         t_max: float = 1.0e6,
         max_hits: int = 1,
         threads: int | None = None,
+        grid: tuple[int, int] | None = None,
     ) -> Hits:
         """Trace rays; each ray sees the scene at its own time.
 
         On the CPU, closest-hit rays are taken 16 at a time and a coherent group from one origin (a lidar column, a
         camera row: consecutive rays, within 6° of each other) is traced as one packet — the same hits, bit for bit,
-        as ray by ray; give such rays in that order to profit.
+        as ray by ray; give such rays in that order to profit. Rays that form a grid (an image's pixels, a lidar's
+        azimuths × elevations: ``grid`` or (H, W, 3) arrays) are taken in tiles of 4 rows × 16 columns instead,
+        a narrower packet than a run of one row (1080p camera rays about 1.25–1.4× as fast).
 
         Args:
-            origins: (N, 3) ray origins [m] (world).
-            directions: (N, 3) directions (normalised internally; t is then in metres).
+            origins: (N, 3) ray origins [m] (world), or (H, W, 3) for a grid of rays.
+            directions: (N, 3) directions (normalised internally; t is then in metres), or (H, W, 3).
             times: (N,) ray times [s] on the scene clock, or one time for all rays.
             t_min: Near limit [m]; t_max: far limit [m].
             max_hits: 1 for the closest hit; > 1 for up to that many surfaces in path order (continuing queries).
             threads: CPU threads (default: all cores).
+            grid: (H, W) when the N = H·W rays are a row-major grid of neighbours (taken from (H, W, 3) NumPy
+                directions when not given); it changes the speed, not the hits.
 
         Returns:
-            :class:`Hits`: records of shape (N,) for ``max_hits == 1``, else (N, max_hits) with per-ray counts. On
+            :class:`Hits`: records of shape (N,) for ``max_hits == 1`` (a grid's in row-major order), else
+            (N, max_hits) with per-ray counts. On
             the CPU its arrays are those of an earlier answer of the same shape once nothing holds that answer (nor
             a NumPy, torch or Warp view of it): keep the answer, or a view, to keep its values.
         """
         d = self.device
+        if grid is None and not isinstance(directions, wp.array) and np.ndim(directions) == 3:
+            grid = tuple(np.shape(directions)[:2])
         o = origins if isinstance(origins, wp.array) else wp.array(np.asarray(origins, np.float32).reshape(-1, 3),
                                                                    dtype=wp.vec3, device=d)
         r = directions if isinstance(directions, wp.array) else wp.array(
@@ -458,13 +466,22 @@ class SceneGeometry:
         n = o.shape[0]
         if r.shape[0] != n:
             raise ValueError(f"directions has {r.shape[0]} rays, origins has {n}")
+        if grid is not None:
+            rows, cols = (int(v) for v in grid)
+            if rows < 1 or cols < 1 or rows * cols != n:
+                raise ValueError(f"grid: {rows} x {cols} is not the {n} rays")
         if isinstance(times, wp.array):
             tt = times
         else:
             tt = wp.array(np.broadcast_to(np.asarray(times, np.float32), (n,)).copy(), dtype=float, device=d)
         if max_hits == 1:
             hits = self._answer_array(n, _trace.Hit)
-            if self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
+            if self.geo.use_wide and grid is not None:  # CPU: a grid's tiles of neighbours as packets
+                tiles = -(-rows // _trace.TILE_ROWS) * -(-cols // _trace.TILE_COLS)
+                _launch.launch(_trace.trace_closest_tiles_kernel, tiles,
+                               [self.geo, o, r, tt, float(t_min), float(t_max), rows, cols], [hits], device=d,
+                               threads=threads, min_shard=max(1, _launch.MIN_SHARD // 64))
+            elif self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
                 p = _trace.TRACE_PACKET
                 _launch.launch(_trace.trace_closest_packets_kernel, -(-n // p),
                                [self.geo, o, r, tt, float(t_min), float(t_max), n], [hits], device=d, threads=threads,
