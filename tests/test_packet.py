@@ -326,8 +326,8 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
 
 
 def test_trace_grid_is_checked_and_changes_no_hit():
-    """``grid`` must hold the rays (the error names it); flat rays with ``grid`` give the very answer of the same
-    rays as (H, W, 3) arrays and of the flat rays without it."""
+    """``grid`` must hold the rays (the error names it); a tile's long side lies along the grid's finer axis; flat
+    rays with ``grid`` give the very answer of the same rays as (H, W, 3) arrays and of the flat rays without it."""
     import wsim
 
     geo = SceneGeometry(wsim.load_scene("builtin"), "cpu")
@@ -338,6 +338,13 @@ def test_trace_grid_is_checked_and_changes_no_hit():
         geo.trace(o.reshape(-1, 3), d.reshape(-1, 3), grid=(20, 35))
     with pytest.raises(ValueError, match="grid"):
         geo.trace(o.reshape(-1, 3), d.reshape(-1, 3), grid=(0, 735))
+    from wsim.scene.geometry import _tile
+
+    wide = _grid_rays(org, [1.0, 0.0, 0.0], 30, 40, 60.0, 10.0)  # columns 1.5° apart, rows 0.34°: 16 rows
+    tall = _grid_rays(org, [1.0, 0.0, 0.0], 30, 40, 20.0, 60.0)  # columns 0.5° apart, rows 2.3°: 16 columns
+    as_wp = lambda x: wp.array(np.ascontiguousarray(x.reshape(-1, 3), np.float32), dtype=wp.vec3)  # noqa: E731
+    assert _tile(as_wp(wide), 30, 40) == (16, 4) and _tile(as_wp(tall), 30, 40) == (4, 16)
+    assert _tile(as_wp(d), 1, 735) == (1, 64) and _tile(as_wp(d), 735, 1) == (64, 1)
     shaped = geo.trace(o, d).numpy()
     given = geo.trace(o.reshape(-1, 3), d.reshape(-1, 3), grid=(21, 35)).numpy()
     flat = geo.trace(o.reshape(-1, 3), d.reshape(-1, 3)).numpy()

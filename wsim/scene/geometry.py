@@ -53,6 +53,20 @@ class Hits:
         return out
 
 
+def _tile(directions: wp.array, rows: int, cols: int) -> tuple[int, int]:
+    """Rows × columns of :func:`wsim.kernels.trace.trace_closest_tiles_kernel`'s tile for a row-major grid of rays
+    (directions on the CPU): ``TILE_LONG`` along the axis whose neighbours, at the grid's centre, are the nearer in
+    angle (a lidar's azimuths, finer than its elevations), ``TILE_SHORT`` along the other (an image's rows)."""
+    long, short = _trace.TILE_LONG, _trace.TILE_SHORT
+    if rows < 2 or cols < 2:
+        return (long * short, 1) if cols < 2 else (1, long * short)
+    i = (rows // 2 - 1) * cols + cols // 2 - 1
+    d = directions[i: i + cols + 1].numpy().astype(np.float64)  # the centre ray, its right and lower neighbours
+    d /= np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-30)
+    along_row, along_col = float(d[0] @ d[1]), float(d[0] @ d[cols])  # cosines: the larger, the nearer
+    return (long, short) if along_col > along_row else (short, long)
+
+
 class SceneGeometry:
     """The device geometry of a scene. Obtain it with :meth:`Scene.device_geometry` (or :meth:`of`), which builds it
     once per scene and device.
@@ -437,8 +451,9 @@ class SceneGeometry:
         On the CPU, closest-hit rays are taken 16 at a time and a coherent group from one origin (a lidar column, a
         camera row: consecutive rays, within 6° of each other) is traced as one packet — the same hits, bit for bit,
         as ray by ray; give such rays in that order to profit. Rays that form a grid (an image's pixels, a lidar's
-        azimuths × elevations: ``grid`` or (H, W, 3) arrays) are taken in tiles of 4 rows × 16 columns instead,
-        a narrower packet than a run of one row (1080p camera rays about 1.25–1.4× as fast).
+        azimuths × elevations: ``grid`` or (H, W, 3) arrays) are taken in tiles of 64 neighbours instead (16 along
+        the finer axis, 4 along the other), a narrower packet than a run of one row (1080p camera rays about 1.25–1.4×
+        as fast).
 
         Args:
             origins: (N, 3) ray origins [m] (world), or (H, W, 3) for a grid of rays.
@@ -477,10 +492,10 @@ class SceneGeometry:
         if max_hits == 1:
             hits = self._answer_array(n, _trace.Hit)
             if self.geo.use_wide and grid is not None:  # CPU: a grid's tiles of neighbours as packets
-                tiles = -(-rows // _trace.TILE_ROWS) * -(-cols // _trace.TILE_COLS)
-                _launch.launch(_trace.trace_closest_tiles_kernel, tiles,
-                               [self.geo, o, r, tt, float(t_min), float(t_max), rows, cols], [hits], device=d,
-                               threads=threads, min_shard=max(1, _launch.MIN_SHARD // 64))
+                tr, tc = _tile(r, rows, cols)
+                _launch.launch(_trace.trace_closest_tiles_kernel, -(-rows // tr) * -(-cols // tc),
+                               [self.geo, o, r, tt, float(t_min), float(t_max), rows, cols, tr, tc], [hits],
+                               device=d, threads=threads, min_shard=max(1, _launch.MIN_SHARD // (tr * tc)))
             elif self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
                 p = _trace.TRACE_PACKET
                 _launch.launch(_trace.trace_closest_packets_kernel, -(-n // p),
