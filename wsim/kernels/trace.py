@@ -767,7 +767,8 @@ def trace_closest_packets_kernel(
 
 #: The tile of :func:`trace_closest_tiles_kernel`: 64 rays, 16 along the grid's finer axis (the smaller angle between
 #: neighbours) and 4 along the other — an image's 4 rows × 16 columns, a lidar's 16 azimuths × 4 elevations (measured:
-#: 1080p camera rays 4 × 16 25 % faster than 16 × 4 and 8 × 8; the lidar fan 16 × 4 3–9 % faster than 4 × 16).
+#: 1080p camera rays 4 × 16 25 % faster than 16 × 4 and 8 × 8, 2 × 32 5–15 % slower; the lidar fan 16 × 4 3–9 %
+#: faster than 4 × 16, 32 × 2 and 8 × 8 5–20 % slower).
 TILE_LONG = 16
 TILE_SHORT = 4
 
