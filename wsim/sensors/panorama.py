@@ -101,7 +101,7 @@ def render_panorama(
     with geo.hold_time_window(time, time):
         geo.trace(o[:8], d[:8], time, t_max=max_range_m)  # compile outside the timing
         t0 = _time.perf_counter()
-        hits = geo.trace(o, d, time, t_max=max_range_m)
+        hits = geo.trace(o, d, time, t_max=max_range_m, grid=(height, width))  # (tiles of neighbours)
         wp.synchronize_device(geo.device)
         dt = _time.perf_counter() - t0
     h = hits.numpy()
