@@ -53,6 +53,16 @@ class Hits:
         return out
 
 
+def _rays_array(x: np.ndarray | wp.array, device) -> wp.array:
+    """(N, 3) points or vectors as a ``wp.vec3`` array on ``device``: a Warp array as it is; a float32 C-contiguous
+    NumPy array is aliased on the CPU (no copy: :meth:`SceneGeometry.trace` only reads it while it runs), others
+    converted once."""
+    if isinstance(x, wp.array):
+        return x
+    a = np.ascontiguousarray(np.asarray(x, np.float32).reshape(-1, 3))
+    return wp.array(a, dtype=wp.vec3, device=device, copy=not device.is_cpu)
+
+
 def _tile(directions: wp.array, rows: int, cols: int) -> tuple[int, int]:
     """Rows × columns of :func:`wsim.kernels.trace.trace_closest_tiles_kernel`'s tile for a row-major grid of rays
     (directions on the CPU): ``TILE_LONG`` along the axis whose neighbours, at the grid's centre, are the nearer in
@@ -474,10 +484,7 @@ class SceneGeometry:
         d = self.device
         if grid is None and not isinstance(directions, wp.array) and np.ndim(directions) == 3:
             grid = tuple(np.shape(directions)[:2])
-        o = origins if isinstance(origins, wp.array) else wp.array(np.asarray(origins, np.float32).reshape(-1, 3),
-                                                                   dtype=wp.vec3, device=d)
-        r = directions if isinstance(directions, wp.array) else wp.array(
-            np.asarray(directions, np.float32).reshape(-1, 3), dtype=wp.vec3, device=d)
+        o, r = _rays_array(origins, d), _rays_array(directions, d)
         n = o.shape[0]
         if r.shape[0] != n:
             raise ValueError(f"directions has {r.shape[0]} rays, origins has {n}")
