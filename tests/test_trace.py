@@ -231,6 +231,31 @@ def test_ray_count_mismatch_is_an_error():
         geo.trace(np.zeros((3, 3)), np.ones((2, 3)))
 
 
+def test_trace_reads_rays_of_any_layout_alike(device):
+    """float32 rays are read in place on the CPU, others converted: read-only, float64, Fortran-ordered, strided and
+    (H, W, 3) rays give the very hits of the plain ones, and tracing leaves the caller's arrays as they were."""
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])  # plane x = 5 facing -x
+    geo = SceneGeometry(_static_scene(p, f), device)
+    rng = np.random.default_rng(3)
+    d = np.column_stack([np.ones(40), rng.uniform(-0.5, 0.5, (40, 2))]).astype(np.float32)
+    o = rng.uniform(-1, 1, (40, 3)).astype(np.float32)
+    keep_o, keep_d = o.copy(), d.copy()
+    ref = geo.trace(o, d).numpy()
+    np.testing.assert_allclose(ref["t"], (5.0 - o[:, 0]) * np.linalg.norm(d, axis=1) / d[:, 0], rtol=1e-5)
+    ro, rd = o.copy(), d.copy()
+    ro.flags.writeable = rd.flags.writeable = False
+    wide = np.zeros((40, 6), np.float32)
+    wide[:, ::2] = d
+    cases = [(ro, rd), (o.astype(np.float64), d.astype(np.float64)), (np.asfortranarray(o), np.asfortranarray(d)),
+             (o, wide[:, ::2]), (o.reshape(4, 10, 3), d.reshape(4, 10, 3))]
+    for co, cd in cases:
+        got = geo.trace(co, cd).numpy()
+        for k in ref:
+            assert np.array_equal(np.ascontiguousarray(got[k]).view(np.uint8),
+                                  np.ascontiguousarray(ref[k]).view(np.uint8)), k
+    assert np.array_equal(o, keep_o) and np.array_equal(d, keep_d)
+
+
 def test_trace_answers_held_by_the_caller_are_never_overwritten(device):
     """trace reuses an answer's arrays on the CPU once nothing holds them, and only then: a kept Hits, a NumPy
     view of its fields or a torch tensor of its records keeps its answer."""
