@@ -16,7 +16,7 @@ from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
-from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_any_from
+from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet, wide_packet_any_from
 from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, hit_distance,
                     instances_may_meet, miss, packet_instances, ray_box_entry)
 from .widebvh import wide_any, wide_any_from
@@ -375,7 +375,7 @@ def render_kernel(
         write_rgb(color, row, col, acc * (inv * inv), tables.srgb)
 
 
-#: Pixels of one image row traced as one packet by :func:`render_rows_kernel`.
+#: Pixels traced as one packet by :func:`render_rows_kernel` at most (a tile of its pixels).
 ROW_PACKET = 64
 
 
@@ -392,28 +392,41 @@ def render_rows_kernel(
     t_max: float,
     want_color: int,
     want_raw: int,
+    tile_rows: int,
+    tile_cols: int,
     offset: int,
     color: wp.array3d[wp.uint8],
     distance: wp.array2d[float],
     semantic: wp.array2d[wp.int32],
     normal: wp.array2d[wp.vec3],
 ):
-    """:func:`render_kernel` without supersampling for a run of up to ``ROW_PACKET`` pixels of one row (CPU, static
-    mesh on the 8-wide BVH): the pixels exposed at the same instant share the camera's position, so their rays find
-    their static surfaces in one packet traversal and the instances their cone may meet are listed once; their
-    shadow rays (parallel, toward the sun) are traced once the run's lit surfaces are known, against the instances
-    listed for the box of their origins. The same bits as pixel by pixel, and one trace serves both the raw products
-    and the colour."""
+    """:func:`render_kernel` without supersampling for a tile of ``tile_rows`` × ``tile_cols`` pixels (at most
+    ``ROW_PACKET``: a run of one row for a global or top/bottom rolling shutter, of one column for a left/right one;
+    CPU, static mesh on the 8-wide BVH): the pixels exposed at the same instant
+    share the camera's position, so their rays find their static surfaces in one packet traversal and the instances
+    their cone may meet are listed once; their shadow rays (parallel, toward the sun) are traced once the tile's lit
+    surfaces are known, against the instances listed for the box of their origins. The same bits as pixel by pixel,
+    and one trace serves both the raw products and the colour."""
     i = wp.tid() + offset
-    runs = (lens.width + ROW_PACKET - 1) / ROW_PACKET
-    row = i / runs
-    c0 = (i - row * runs) * ROW_PACKET
-    n = wp.min(ROW_PACKET, lens.width - c0)
-    y = float(row) + 0.5
-    tau = relative_time(shutter, lens.width, lens.height, wp.vec2(float(c0) + 0.5, y))
+    per_row = (lens.width + tile_cols - 1) / tile_cols
+    tr = i / per_row
+    r0 = tr * tile_rows
+    c0 = (i - tr * per_row) * tile_cols
+    px_r = vec64i()  # the tile's pixels inside the image
+    px_c = vec64i()
+    n = int(0)
+    for a in range(tile_rows):
+        if r0 + a < lens.height:
+            for b in range(tile_cols):
+                if c0 + b < lens.width:
+                    px_r[n] = r0 + a
+                    px_c[n] = c0 + b
+                    n += 1
+    tau = relative_time(shutter, lens.width, lens.height, wp.vec2(float(c0) + 0.5, float(r0) + 0.5))
     same = int(1)
     for j in range(n):
-        if relative_time(shutter, lens.width, lens.height, wp.vec2(float(c0 + j) + 0.5, y)) != tau:
+        if relative_time(shutter, lens.width, lens.height,
+                         wp.vec2(float(px_c[j]) + 0.5, float(px_r[j]) + 0.5)) != tau:
             same = 0
     first = mat64x4()
     dirs = mat64x3()
@@ -438,7 +451,7 @@ def render_rows_kernel(
         origin = wp.transform_get_translation(pose)
         rot = wp.transform_get_rotation(pose)
         for j in range(n):
-            r = unproject(lens, wp.vec2(float(c0 + j) + 0.5, y))
+            r = unproject(lens, wp.vec2(float(px_c[j]) + 0.5, float(px_r[j]) + 0.5))
             if r[3] > 0.0:
                 d = wp.normalize(wp.quat_rotate(rot, wp.vec3(r[0], r[1], r[2])))
                 dirs[j, 0] = d[0]
@@ -451,8 +464,9 @@ def render_rows_kernel(
         if geo.num_instances > 0:  # the instances the run's rays may meet, listed once (a cone around their mean)
             listed = packet_instances(geo, origin, dirs, n, ok)
     for j in range(n):
-        col = c0 + j
-        centre = wp.vec2(float(col) + 0.5, y)
+        row = px_r[j]
+        col = px_c[j]
+        centre = wp.vec2(float(col) + 0.5, float(row) + 0.5)
         time = t0 + tau * (t1 - t0)
         if same == 0:  # each pixel at its own instant: one by one
             tau_j = relative_time(shutter, lens.width, lens.height, centre)
@@ -571,7 +585,7 @@ def render_rows_kernel(
                 vis = float(1.0)
                 if blocked:
                     vis = 0.0
-                write_rgb(color, row, c0 + j, shade_lit(light, st, vis), tables.srgb)
+                write_rgb(color, px_r[j], px_c[j], shade_lit(light, st, vis), tables.srgb)
 
 
 @wp.kernel
