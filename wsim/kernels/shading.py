@@ -18,7 +18,7 @@ from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
 from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet, wide_packet_any_from
 from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, hit_distance,
-                    instances_may_meet, miss, packet_instances, ray_box_entry)
+                    instances_may_meet, miss, packet_instances, ray_box_entry, tile_indices)
 from .widebvh import wide_any, wide_any_from
 
 
@@ -407,22 +407,13 @@ def render_rows_kernel(
     their cone may meet are listed once; their shadow rays (parallel, toward the sun) are traced once the tile's lit
     surfaces are known, against the instances listed for the box of their origins. The same bits as pixel by pixel,
     and one trace serves both the raw products and the colour."""
-    i = wp.tid() + offset
-    per_row = (lens.width + tile_cols - 1) / tile_cols
-    tr = i / per_row
-    r0 = tr * tile_rows
-    c0 = (i - tr * per_row) * tile_cols
-    px_r = vec64i()  # the tile's pixels inside the image
+    pix, n = tile_indices(wp.tid() + offset, lens.height, lens.width, tile_rows, tile_cols)
+    px_r = vec64i()  # the tile's pixels (inside the image)
     px_c = vec64i()
-    n = int(0)
-    for a in range(tile_rows):
-        if r0 + a < lens.height:
-            for b in range(tile_cols):
-                if c0 + b < lens.width:
-                    px_r[n] = r0 + a
-                    px_c[n] = c0 + b
-                    n += 1
-    tau = relative_time(shutter, lens.width, lens.height, wp.vec2(float(c0) + 0.5, float(r0) + 0.5))
+    for j in range(n):
+        px_r[j] = pix[j] / lens.width
+        px_c[j] = pix[j] - px_r[j] * lens.width
+    tau = relative_time(shutter, lens.width, lens.height, wp.vec2(float(px_c[0]) + 0.5, float(px_r[0]) + 0.5))
     same = int(1)
     for j in range(n):
         if relative_time(shutter, lens.width, lens.height,

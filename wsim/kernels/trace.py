@@ -683,8 +683,8 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
     which gives each ray its own traversal's result) over the first ``PACKET_REACH`` metres of their range, then
     the instances ray by ray through the top level (the closest hit inside the reach is the closest hit of the whole
     range); a ray that meets nothing there is traced alone, from 0 instances first (:func:`closest_hit_beyond`). A
-    narrow group (within ``LIST_COS``) is traced over its whole range at once (a narrow packet stays narrow out of
-    the scene) and is :func:`_trace_narrow`'s: at one instant (from 0) the instances its rays may meet are listed
+    group within ``WHOLE_COS`` is traced over its whole range at once (a narrow packet stays narrow out of the
+    scene); a narrow one (within ``LIST_COS``) is then :func:`_trace_narrow`'s: at one instant (from 0) the instances its rays may meet are listed
     once and traversed as packets. Groups of rays from several origins, or not within ``PACKET_COS`` of one
     direction and octant: ray by ray."""
     s = idx[0]
@@ -773,6 +773,27 @@ TILE_LONG = 16
 TILE_SHORT = 4
 
 
+@wp.func
+def tile_indices(t: int, rows: int, cols: int, tile_rows: int, tile_cols: int):
+    """The row-major indices of tile ``t`` (tiles of ``tile_rows`` × ``tile_cols``, at most 64, row by row) of a
+    ``rows`` × ``cols`` grid, those inside the grid, and their count."""
+    per_row = (cols + tile_cols - 1) // tile_cols
+    tr = t // per_row
+    r0 = tr * tile_rows
+    c0 = (t - tr * per_row) * tile_cols
+    idx = vec64i()
+    m = int(0)
+    for j in range(tile_rows):
+        r = r0 + j
+        if r < rows:
+            for i in range(tile_cols):
+                c = c0 + i
+                if c < cols:
+                    idx[m] = r * cols + c
+                    m += 1
+    return idx, m
+
+
 @wp.kernel
 def trace_closest_tiles_kernel(
     geo: SceneGeo,
@@ -792,21 +813,7 @@ def trace_closest_tiles_kernel(
     azimuths × elevations), a tile of ``tile_rows`` × ``tile_cols`` neighbours (at most 64) as one group
     (:func:`_trace_group`; CPU, ``geo.use_wide``): neighbours in two directions make a narrower packet than a run of
     one row."""
-    t = wp.tid() + offset
-    per_row = (cols + tile_cols - 1) // tile_cols
-    tr = t // per_row
-    r0 = tr * tile_rows
-    c0 = (t - tr * per_row) * tile_cols
-    idx = vec64i()
-    m = int(0)
-    for j in range(tile_rows):
-        r = r0 + j
-        if r < rows:
-            for i in range(tile_cols):
-                c = c0 + i
-                if c < cols:
-                    idx[m] = r * cols + c
-                    m += 1
+    idx, m = tile_indices(wp.tid() + offset, rows, cols, tile_rows, tile_cols)
     _trace_group(geo, origins, directions, times, t_min, t_max, idx, m, hits)
 
 
