@@ -264,16 +264,11 @@ auto leaf = [&](int slot, int code) -> bool {
             const vi through = bm & ~out & (det != ZERO);
             if (!bits(through)) continue;
             // the plane distance lane by lane in wide_closest's own scalar expression (so it rounds alike)
-            vf t = ZERO;
             const vec3 nrm = cross(pb - pa, pc - pa);
-            unsigned tb = bits(through);
-            while (tb) {
-                const int l = __builtin_ctz(tb);
-                tb &= tb - 1;
-                const vec3 o = vec3(cOx[c][l], cOy[c][l], cOz[c][l]);
-                const vec3 d = vec3(cDx[c][l], cDy[c][l], cDz[c][l]);
-                t[l] = dot(nrm, pa - o) / dot(nrm, d);
-            }
+            const vf NX = nrm[0], NY = nrm[1], NZ = nrm[2];
+            const vf num = NX * ((vf)pa[0] - cOx[c]) + NY * ((vf)pa[1] - cOy[c]) + NZ * ((vf)pa[2] - cOz[c]);
+            const vf den = NX * cDx[c] + NY * cDy[c] + NZ * cDz[c];
+            const vf t = through ? num / den : ZERO;
             const vi f = F[k];
             const vi acc = through & (t >= ZERO) & ((t < cTM[c]) | ((t == cTM[c]) & (f < cHF[c])));
             if (!bits(acc)) continue;
