@@ -182,7 +182,37 @@ def test_time_windows_of_renders_in_flight_are_kept(device):
     with geo.hold_time_window(8.0, 8.1):
         assert geo.time_window == (8.0, 8.1)  # tight again
         assert hit_t(8.05) == pytest.approx(9.5, abs=1e-4)
-        assert geo.trace([[0.0, -3.95, 0.0]], [[1.0, 0, 0]], 1.05).numpy()["face"][0] == -1  # outside: culled
+        # a trace bounds the boxes over its own rays' times too (the union with the render's window meanwhile)
+        assert geo.trace([[0.0, -3.95, 0.0]], [[1.0, 0, 0]], 1.05).numpy()["t"][0] == pytest.approx(9.5, abs=1e-4)
+        assert geo.time_window == (pytest.approx(1.05), 8.1)
+        assert hit_t(8.05) == pytest.approx(9.5, abs=1e-4)
+
+
+def test_trace_bounds_moving_instances_over_its_rays_times(device):
+    """A trace refits the top-level boxes to its rays' times: a window set before (or none: all key times) neither
+    hides a moving box from rays outside it nor leaves the box as long as its whole path; every hit is the same as
+    under the window the rays need."""
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    s = Scene(MeshData(np.zeros((0, 3)), np.zeros((0, 3)), 0))
+    s.prototypes.append(MeshData(bp, bf, 0))
+    ts = np.linspace(0, 10, 101)
+    s.instances.append(Instance(0, ts, np.column_stack([10 + 0 * ts, ts - 5, 0 * ts]), np.tile([0, 0, 0, 1.0], (101, 1))))
+    geo = SceneGeometry(s, device)
+    geo.set_time_window(8.0, 8.1)
+    t = np.array([1.0, 1.05, 2.5])
+    h = geo.trace(np.column_stack([0 * t, t - 5.0, 0 * t]), np.tile([1.0, 0, 0], (3, 1)), t).numpy()
+    np.testing.assert_allclose(h["t"], 9.5, atol=1e-4)  # outside the window set before: found
+    assert geo.time_window == (1.0, 2.5)
+    lo, hi = geo.geo.inst_lo.numpy(), geo.geo.inst_hi.numpy()
+    assert lo[0, 1] == pytest.approx(-4.5, abs=5e-3) and hi[0, 1] == pytest.approx(-2.0, abs=5e-3)  # not -5 .. 5
+    geo.trace([[0.0, 0.0, 0.0]], [[1.0, 0, 0]], 5.0)  # one instant: the box there
+    np.testing.assert_allclose(geo.geo.inst_hi.numpy()[0, 1] - geo.geo.inst_lo.numpy()[0, 1], 1.0, atol=5e-3)
+    # at 5.0 s the box spans y in [-0.5, 0.5]: a ray at y = 0.7 misses it, one at 0.4 hits
+    h = geo.trace([[0.0, 0.7, 0.0], [0.0, 0.4, 0.0]], [[1.0, 0, 0], [1.0, 0, 0]], 5.0).numpy()
+    assert h["face"][0] == -1 and h["t"][1] == pytest.approx(9.5, abs=1e-4)
+    # times that are not finite bound nothing: all key times
+    geo.trace([[0.0, 0.0, 0.0]], [[1.0, 0, 0]], np.array([np.nan], np.float32))
+    assert geo.time_window == (5.0, 5.0)
 
 
 def test_two_instances_share_one_blas(device):

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -475,6 +475,10 @@ class SceneGeometry:
             grid: (H, W) when the N = H·W rays are a row-major grid of neighbours (taken from (H, W, 3) NumPy
                 directions when not given); it changes the speed, not the hits.
 
+        Moving instances are bounded over the rays' own times (their top-level boxes refit to that span while the
+        rays are traced, as :meth:`hold_time_window` does), so a window set before does not hide them and rays at
+        one instant test a moving car's box there, not along its whole path.
+
         Returns:
             :class:`Hits`: records of shape (N,) for ``max_hits == 1`` (a grid's in row-major order), else
             (N, max_hits) with per-ray counts. On
@@ -489,32 +493,50 @@ class SceneGeometry:
         if r.shape[0] != n:
             raise ValueError(f"directions has {r.shape[0]} rays, origins has {n}")
         if grid is not None:
-            rows, cols = (int(v) for v in grid)
+            rows, cols = grid = (int(grid[0]), int(grid[1]))
             if rows < 1 or cols < 1 or rows * cols != n:
                 raise ValueError(f"grid: {rows} x {cols} is not the {n} rays")
         if isinstance(times, wp.array):
             tt = times
         else:
             tt = wp.array(np.broadcast_to(np.asarray(times, np.float32), (n,)).copy(), dtype=float, device=d)
+        window = self._rays_window(times, tt) if self.tlas is not None else None
+        with self.hold_time_window(*window) if window is not None else nullcontext():
+            return self._trace(o, r, tt, n, float(t_min), float(t_max), int(max_hits), threads, grid)
+
+    def _rays_window(self, times, tt: wp.array) -> tuple[float, float] | None:
+        """The span [s] of the rays' times (None where one is not finite: then all key times)."""
+        x = tt.numpy() if isinstance(times, wp.array) else np.asarray(times, np.float32)  # (as the kernels see them)
+        if x.size == 0:
+            return None
+        lo, hi = float(x.min()), float(x.max())
+        return (lo, hi) if np.isfinite(lo) and np.isfinite(hi) else None
+
+    def _trace(self, o: wp.array, r: wp.array, tt: wp.array, n: int, t_min: float, t_max: float, max_hits: int,
+               threads: int | None, grid: tuple[int, int] | None) -> Hits:
+        """:meth:`trace` of checked rays (``tt``: one time per ray)."""
+        d = self.device
+        if grid is not None:
+            rows, cols = grid
         if max_hits == 1:
             hits = self._answer_array(n, _trace.Hit)
             if self.geo.use_wide and grid is not None:  # CPU: a grid's tiles of neighbours as packets
                 tr, tc = _tile(r, rows, cols)
                 _launch.launch(_trace.trace_closest_tiles_kernel, -(-rows // tr) * -(-cols // tc),
-                               [self.geo, o, r, tt, float(t_min), float(t_max), rows, cols, tr, tc], [hits],
+                               [self.geo, o, r, tt, t_min, t_max, rows, cols, tr, tc], [hits],
                                device=d, threads=threads, min_shard=max(1, _launch.MIN_SHARD // (tr * tc)))
             elif self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
                 p = _trace.TRACE_PACKET
                 _launch.launch(_trace.trace_closest_packets_kernel, -(-n // p),
-                               [self.geo, o, r, tt, float(t_min), float(t_max), n], [hits], device=d, threads=threads,
+                               [self.geo, o, r, tt, t_min, t_max, n], [hits], device=d, threads=threads,
                                min_shard=max(1, _launch.MIN_SHARD // p))
             else:
-                _launch.launch(_trace.trace_closest_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max)],
+                _launch.launch(_trace.trace_closest_kernel, n, [self.geo, o, r, tt, t_min, t_max],
                                [hits], device=d, threads=threads)
             return Hits(hits)
         hits = self._answer_array((n, max_hits), _trace.Hit)
         counts = self._answer_array(n, wp.int32)
-        _launch.launch(_trace.trace_all_kernel, n, [self.geo, o, r, tt, float(t_min), float(t_max), int(max_hits)],
+        _launch.launch(_trace.trace_all_kernel, n, [self.geo, o, r, tt, t_min, t_max, max_hits],
                        [hits, counts], device=d, threads=threads)
         return Hits(hits, counts)
 
