@@ -286,6 +286,26 @@ def test_trace_reads_rays_of_any_layout_alike(device):
     assert np.array_equal(o, keep_o) and np.array_equal(d, keep_d)
 
 
+def test_trace_times_of_one_instant_are_each_traces_own(device):
+    """One time for all rays is kept in an array trace reuses: each answer carries its own call's time, also while
+    an earlier answer is held, and per-ray times (NumPy float32 read in place, float64, lists) are each ray's."""
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])
+    geo = SceneGeometry(_static_scene(p, f), device)
+    n = 50
+    o, d = np.zeros((n, 3)), np.tile([1.0, 0.0, 0.0], (n, 1))
+    a = geo.trace(o, d, 1.5)
+    b = geo.trace(o, d, 2.5)
+    c = geo.trace(o, d, 2.5)
+    del c
+    e = geo.trace(o, d, 0.25)
+    assert set(a.numpy()["time"]) == {1.5} and set(b.numpy()["time"]) == {2.5} and set(e.numpy()["time"]) == {0.25}
+    per_ray = np.linspace(0.0, 1.0, n)
+    for t in (per_ray.astype(np.float32), per_ray, list(per_ray)):
+        np.testing.assert_array_equal(geo.trace(o, d, t).numpy()["time"], per_ray.astype(np.float32))
+    with pytest.raises(ValueError):
+        geo.trace(o, d, np.zeros(n + 1))
+
+
 def test_trace_answers_held_by_the_caller_are_never_overwritten(device):
     """trace reuses an answer's arrays on the CPU once nothing holds them, and only then: a kept Hits, a NumPy
     view of its fields or a torch tensor of its records keeps its answer."""

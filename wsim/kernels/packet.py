@@ -285,6 +285,17 @@ auto leaf = [&](int slot, int code) -> bool {
     return hit;
 };
 
+// a child taken later (pushed): its boxes, or its triangles' vertices, fetched meanwhile
+auto fetch = [&](int c) {
+    if (c >= 0) {
+        const float* p = B + (size_t)c * 48;
+        __builtin_prefetch(p); __builtin_prefetch(p + 16); __builtin_prefetch(p + 32);
+    } else {
+        const int k = (-c - 1) >> 3;
+        __builtin_prefetch(&V0[k]); __builtin_prefetch(&V1[k]); __builtin_prefetch(&V2[k]);
+    }
+};
+
 // ---- depth-first, nearest child first (by the packet's near bound), as wide_closest
 int st_n[128];
 float st_t[128];
@@ -324,10 +335,12 @@ while (true) {
             }
             int base = sp;
             st_n[sp] = cc[l0]; st_t[sp] = tl[l0]; st_s[sp] = base8 + l0; ++sp;
+            fetch(cc[l0]);
             while (mask) {
                 int l = __builtin_ctz(mask);
                 mask &= mask - 1;
                 float t = tl[l];
+                fetch(cc[l]);
                 int j = sp;
                 while (j > base && st_t[j - 1] < t) {
                     st_t[j] = st_t[j - 1]; st_n[j] = st_n[j - 1]; st_s[j] = st_s[j - 1]; --j;

@@ -97,6 +97,7 @@ class SceneGeometry:
         self.device = wp.get_device(device)
         self._answers: dict[tuple, wp.array] = {}  # trace's latest answer arrays, see _answer_array
         self._answers_lock = threading.Lock()
+        self._times: dict[int, tuple] = {}  # trace's latest one-time array, see _times_array
         ctor = _constructor(self.device, bvh_constructor)
         d = self.device
         self._keep: list = []
@@ -266,7 +267,7 @@ class SceneGeometry:
         view.scene, view.device = scene, self.device
         view.static_mesh, view.prototype_meshes = self.static_mesh, self.prototype_meshes
         view._keep = [self]  # the meshes' owner lives as long as the view
-        view._answers, view._answers_lock = {}, threading.Lock()  # (its own answers)
+        view._answers, view._answers_lock, view._times = {}, threading.Lock(), {}  # (its own answers)
         view.instances = list(instances)
         view._local_bounds = self._local_bounds
         if all(a is b for a, b in zip(view.instances, self.instances)):  # the same keys: the same key boxes
@@ -422,6 +423,27 @@ class SceneGeometry:
         self._key_box_cache = (seg_lo, seg_hi, seg_pad, seg_big, soff, key_lo, key_hi, key_big, koff)
         return self._key_box_cache
 
+    def _times_array(self, times: np.ndarray | wp.array | float, n: int) -> wp.array:
+        """The rays' times as a Warp array of ``n``: a Warp array as it is; one time for all rays in an array kept for
+        reuse once nothing holds it (a fresh 8 MB array a 1080p trace was paid page by page; refilled only when the
+        time changes); float32 C-contiguous (n,) NumPy times aliased on the CPU, others converted once."""
+        if isinstance(times, wp.array):
+            return times
+        x = np.asarray(times, np.float32)
+        if x.size != 1:
+            a = np.ascontiguousarray(x if x.shape == (n,) else np.broadcast_to(x, (n,)))
+            return wp.array(a, dtype=float, device=self.device, copy=not self.device.is_cpu)
+        value = np.float32(x.reshape(-1)[0])
+        with self._answers_lock:
+            arr, held = self._times.get(n, (None, None))
+            # references: the dict's tuple, the local name and getrefcount's argument; one more is a trace's
+            if arr is None or sys.getrefcount(arr) > 3 or not self.device.is_cpu:
+                arr, held = wp.empty(n, dtype=float, device=self.device), None
+            if held is None or held.tobytes() != value.tobytes():
+                arr.fill_(float(value))
+            self._times = {n: (arr, value)}  # (the latest only)
+            return arr
+
     #: Answer arrays kept for reuse (the latest shapes).
     ANSWERS_KEPT = 4
 
@@ -496,10 +518,7 @@ class SceneGeometry:
             rows, cols = grid = (int(grid[0]), int(grid[1]))
             if rows < 1 or cols < 1 or rows * cols != n:
                 raise ValueError(f"grid: {rows} x {cols} is not the {n} rays")
-        if isinstance(times, wp.array):
-            tt = times
-        else:
-            tt = wp.array(np.broadcast_to(np.asarray(times, np.float32), (n,)).copy(), dtype=float, device=d)
+        tt = self._times_array(times, n)
         window = self._rays_window(times, tt) if self.tlas is not None else None
         with self.hold_time_window(*window) if window is not None else nullcontext():
             return self._trace(o, r, tt, n, float(t_min), float(t_max), int(max_hits), threads, grid)
