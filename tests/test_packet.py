@@ -10,7 +10,7 @@ import pytest
 import warp as wp
 from conftest import box_mesh, quad_mesh
 
-from wsim.kernels.packet import PACKET, mat64x3, vec64f, wide_packet
+from wsim.kernels.packet import PACKET, mat64x3, vec64f, wide_packet, wide_packet16
 from wsim.kernels.trace import SceneGeo
 from wsim.kernels.widebvh import wide_closest
 from wsim.scene import Material, MeshData, Part, Scene
@@ -20,7 +20,7 @@ from wsim.scene.geometry import SceneGeometry
 @wp.kernel
 def _packet_vs_single(geo: SceneGeo, org: wp.array[wp.vec3], dirs: wp.array2d[wp.vec3], t_lo: wp.array2d[float],
                       t_hi: wp.array2d[float], n: wp.array[wp.int32], packet: wp.array2d[wp.vec4],
-                      single: wp.array2d[wp.vec4]):
+                      packet16: wp.array2d[wp.vec4], single: wp.array2d[wp.vec4]):
     b = wp.tid()
     d = mat64x3()
     lo = vec64f()
@@ -34,8 +34,11 @@ def _packet_vs_single(geo: SceneGeo, org: wp.array[wp.vec3], dirs: wp.array2d[wp
         hi[k] = t_hi[b, k]
     res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, org[b], d,
                       lo, hi, n[b])
+    r16 = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, org[b],
+                        d, lo, hi, n[b])
     for k in range(PACKET):
         packet[b, k] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+        packet16[b, k] = wp.vec4(r16[k, 0], r16[k, 1], r16[k, 2], r16[k, 3])
         w = wp.vec4(-1.0, -1.0, 0.0, 0.0)
         if k < n[b] and t_hi[b, k] > t_lo[b, k]:
             w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
@@ -49,17 +52,19 @@ def _compare(geo: SceneGeometry, org, dirs, t_lo, t_hi, n) -> tuple[np.ndarray, 
     d = "cpu"
     b = len(org)
     pk = wp.zeros((b, PACKET), dtype=wp.vec4, device=d)
+    pk16 = wp.zeros((b, PACKET), dtype=wp.vec4, device=d)
     sg = wp.zeros((b, PACKET), dtype=wp.vec4, device=d)
     wp.launch(_packet_vs_single, b, [geo.geo, wp.array(org.astype(np.float32), dtype=wp.vec3, device=d),
                                      wp.array(dirs.astype(np.float32), dtype=wp.vec3, device=d),
                                      wp.array(t_lo.astype(np.float32), dtype=float, device=d),
                                      wp.array(t_hi.astype(np.float32), dtype=float, device=d),
-                                     wp.array(n.astype(np.int32), dtype=wp.int32, device=d), pk, sg], device=d)
-    p, s = pk.numpy(), sg.numpy()
-    miss_p = p[..., 1] < 0
-    p[miss_p] = (-1.0, -1.0, 0.0, 0.0)  # a miss row: only slot −1 is defined
-    assert np.array_equal(p.view(np.uint32), s.view(np.uint32)), \
-        f"{int(np.any(p != s, axis=-1).sum())} of {int((s[..., 1] >= 0).sum())} rays differ"
+                                     wp.array(n.astype(np.int32), dtype=wp.int32, device=d), pk, pk16, sg], device=d)
+    s = sg.numpy()
+    for name, a in (("8 lanes", pk), ("16 lanes", pk16)):  # the rays tested 8 or 16 at a time: the same bits
+        p = a.numpy()
+        p[p[..., 1] < 0] = (-1.0, -1.0, 0.0, 0.0)  # a miss row: only slot −1 is defined
+        assert np.array_equal(p.view(np.uint32), s.view(np.uint32)), \
+            f"{name}: {int(np.any(p != s, axis=-1).sum())} of {int((s[..., 1] >= 0).sum())} rays differ"
     return p, s
 
 

@@ -16,7 +16,7 @@ from .colormap import turbo
 from .lens import LensParams, relative_time, unproject
 from .pose import lerp_pose, sample_keys
 from .texture import sample_texture
-from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet, wide_packet_any_from
+from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet16, wide_packet_any_from
 from .trace import (MAX_LISTED, Hit, Listed, SceneGeo, closest_hit, closest_hit_listed, hit_distance,
                     instances_may_meet, miss, packet_instances, ray_box_entry, tile_indices)
 from .widebvh import wide_any, wide_any_from
@@ -450,8 +450,8 @@ def render_rows_kernel(
                 dirs[j, 2] = d[2]
                 hi[j] = t_max
                 ok[j] = 1.0
-        first = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
-                            origin, dirs, lo, hi, n)
+        first = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                              origin, dirs, lo, hi, n)
         if geo.num_instances > 0:  # the instances the run's rays may meet, listed once (a cone around their mean)
             listed = packet_instances(geo, origin, dirs, n, ok)
     for j in range(n):

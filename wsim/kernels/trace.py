@@ -6,7 +6,7 @@ The result of a query is one :class:`Hit` record, consumed alike by lidar intens
 
 import warp as wp
 
-from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet, wide_packet_at
+from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet16, wide_packet_at
 from .pose import difference_window, sample_keys
 from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
@@ -679,7 +679,7 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
                  t_min: float, t_max: float, idx: vec64i, m: int, hits: wp.array[Hit]):
     """The closest hits of rays ``idx[k]``, ``k < m`` (m ≤ 64; CPU, ``geo.use_wide``), each as
     :func:`closest_hit` finds it, bit for bit. When they start at the same point (a lidar's column of emitters, a
-    camera's pixels) they traverse the static 8-wide BVH as one packet (:func:`wsim.kernels.packet.wide_packet`,
+    camera's pixels) they traverse the static 8-wide BVH as one packet (:func:`wsim.kernels.packet.wide_packet16`,
     which gives each ray its own traversal's result) over the first ``PACKET_REACH`` metres of their range, then
     the instances ray by ray through the top level (the closest hit inside the reach is the closest hit of the whole
     range); a ray that meets nothing there is traced alone, from 0 instances first (:func:`closest_hit_beyond`). A
@@ -721,8 +721,8 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
         for k in range(m):
             lo[k] = t_min
             hi[k] = reach
-        res = wide_packet(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
-                          dirs, lo, hi, m)
+        res = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
+                            dirs, lo, hi, m)
         if narrow:
             _trace_narrow(geo, o, dirs, m, lo, t_min, t_max, times, idx, same_time, res, hits)
             return
