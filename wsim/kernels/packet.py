@@ -20,6 +20,8 @@ On CUDA the snippet compiles to a stub returning misses; the host selects the pa
 (``LidarParams.packet``, ``ROW_PACKETS``).
 """
 
+import re
+
 import warp as wp
 
 #: Rays per packet at most.
@@ -72,9 +74,6 @@ auto bits = [](vi m) -> unsigned {
 
 auto anyr = [](ri m) -> bool { return __builtin_reduce_or(m) != 0; };
 
-auto fmin_ = [](float a, float b) -> float { return b < a ? b : a; };
-auto fmax_ = [](float a, float b) -> float { return b > a ? b : a; };
-
 // ---- the active rays (t_max > t_min) in lanes of 8, each set up exactly as wide_closest sets up its ray
 const int MAXC = 64 / RW;
 rf cOx[MAXC], cOy[MAXC], cOz[MAXC];       // start points o + d·t_min
@@ -88,7 +87,7 @@ ri cHK[MAXC];                             // its slot in the tree's triangle ord
 rf cHU[MAXC], cHV[MAXC];
 rf cSx[MAXC], cSy[MAXC];                  // shear of the watertight test
 rf cOkx[MAXC], cOky[MAXC], cOkz[MAXC];    // the start point's (kx, ky, kz) components (uniform permutation)
-int cK[MAXC][RW][3];                       // (kx, ky, kz) per lane
+ri cKX[MAXC], cKY[MAXC], cKZ[MAXC];        // (kx, ky, kz) per lane
 int cUni[MAXC];                           // 1: every lane of the chunk has the same (kx, ky, kz)
 int cRay[MAXC][RW];                        // the packet row of each lane, -1 for padding
 // frustum bounds per axis over the active rays: start range, 1/d ranges of the rays going + and −
@@ -115,16 +114,42 @@ const int nc = (na + RW - 1) / RW;
     for (int c = 0; c < nc; ++c) {
         rf D[3], O[3], SP;
         ri valid;
-        for (int l = 0; l < RW; ++l) {
-            const int j = c * RW + l;
-            const int k = act[j < na ? j : c * RW];
-            const vec3 d = vec3(dirs.data[k][0], dirs.data[k][1], dirs.data[k][2]);
-            const vec3 o = add(org, mul(d, t_min.c[k]));
-            D[0][l] = d[0]; D[1][l] = d[1]; D[2][l] = d[2];
-            O[0][l] = o[0]; O[1][l] = o[1]; O[2][l] = o[2];
-            SP[l] = t_max.c[k] - t_min.c[k];
-            valid[l] = j < na ? -1 : 0;
-            cRay[c][l] = j < na ? k : -1;
+        {
+            // the lanes' values gathered in plain arrays, then loaded as vectors (inserting them lane by lane
+            // into vectors cost about a quarter of a camera tile's traversal)
+            float gD[3][RW], gT[RW], gS[RW], gO[3][RW];
+            int gV[RW];
+            const int c0 = c * RW;
+            if (c0 + RW <= na && act[c0 + RW - 1] == c0 + RW - 1) {  // RW rays in a row, all active
+                const float* dd = &dirs.data[c0][0];
+                for (int l = 0; l < RW; ++l) {
+                    gD[0][l] = dd[3 * l]; gD[1][l] = dd[3 * l + 1]; gD[2][l] = dd[3 * l + 2];
+                    @GATHER_ORG(c0 + l)@
+                    gT[l] = t_min.c[c0 + l];
+                    gS[l] = t_max.c[c0 + l] - t_min.c[c0 + l];
+                    gV[l] = -1;
+                    cRay[c][l] = c0 + l;
+                }
+            } else {
+                for (int l = 0; l < RW; ++l) {
+                    const int j = c0 + l;
+                    const int k = act[j < na ? j : c0];
+                    gD[0][l] = dirs.data[k][0]; gD[1][l] = dirs.data[k][1]; gD[2][l] = dirs.data[k][2];
+                    @GATHER_ORG(k)@
+                    gT[l] = t_min.c[k];
+                    gS[l] = t_max.c[k] - t_min.c[k];
+                    gV[l] = j < na ? -1 : 0;
+                    cRay[c][l] = j < na ? k : -1;
+                }
+            }
+            rf T;
+            __builtin_memcpy(&D[0], gD[0], sizeof(rf));
+            __builtin_memcpy(&D[1], gD[1], sizeof(rf));
+            __builtin_memcpy(&D[2], gD[2], sizeof(rf));
+            __builtin_memcpy(&T, gT, sizeof(rf));
+            __builtin_memcpy(&SP, gS, sizeof(rf));
+            __builtin_memcpy(&valid, gV, sizeof(ri));
+            @START@
         }
         rf R[3], W[3];
         for (int a = 0; a < 3; ++a) {
@@ -155,12 +180,8 @@ const int nc = (na + RW - 1) / RW;
         cOkx[c] = pick(kx, O[0], O[1], O[2]);
         cOky[c] = pick(ky, O[0], O[1], O[2]);
         cOkz[c] = pick(kz, O[0], O[1], O[2]);
-        int u = 1;
-        for (int l = 0; l < RW; ++l) {
-            cK[c][l][0] = kx[l]; cK[c][l][1] = ky[l]; cK[c][l][2] = kz[l];
-            u &= kx[l] == kx[0] && ky[l] == ky[0] && kz[l] == kz[0];
-        }
-        cUni[c] = u;
+        cKX[c] = kx; cKY[c] = ky; cKZ[c] = kz;
+        cUni[c] = !anyr((kx != (ri)kx[0]) | (ky != (ri)ky[0]) | (kz != (ri)kz[0]));
         // the frustum over the chunk's active lanes
         for (int a = 0; a < 3; ++a) {
             aSL[a] = valid ? VMIN(aSL[a], O[a]) : aSL[a];
@@ -176,16 +197,9 @@ const int nc = (na + RW - 1) / RW;
             aFNL[a] = ng ? VMIN(aFNL[a], W[a]) : aFNL[a]; aFNH[a] = ng ? VMAX(aFNH[a], W[a]) : aFNH[a];
         }
     }
-    auto hmin = [](rf x) -> float {
-        float m = x[0];
-        for (int l = 1; l < RW; ++l) m = x[l] < m ? x[l] : m;
-        return m;
-    };
-    auto hmax = [](rf x) -> float {
-        float m = x[0];
-        for (int l = 1; l < RW; ++l) m = x[l] > m ? x[l] : m;
-        return m;
-    };
+    // (no NaN here: the start points are finite, and the reciprocals that are not are dropped)
+    auto hmin = [](rf x) -> float { return __builtin_reduce_min(x); };
+    auto hmax = [](rf x) -> float { return __builtin_reduce_max(x); };
     for (int a = 0; a < 3; ++a) {
         slo[a] = hmin(aSL[a]); shi[a] = hmax(aSH[a]);
         rpl[a] = hmin(aRPL[a]); rph[a] = hmax(aRPH[a]); fpl[a] = hmin(aFPL[a]); fph[a] = hmax(aFPH[a]);
@@ -193,8 +207,13 @@ const int nc = (na + RW - 1) / RW;
         pos[a] = anyr(aPos[a]) != 0; neg[a] = anyr(aNeg[a]) != 0; drop[a] = anyr(aDrop[a]) != 0;
     }
 }
-float tfar = -INFINITY;  // the packet's culling bound: the largest of the rays'
-for (int c = 0; c < nc; ++c) for (int l = 0; l < RW; ++l) tfar = fmax_(tfar, cTF[c][l]);
+// the packet's culling bound: the largest of the rays'
+auto packet_far = [&]() -> float {
+    rf m = cTF[0];
+    for (int c = 1; c < nc; ++c) m = VMAX(m, cTF[c]);
+    return __builtin_reduce_max(m);
+};
+float tfar = packet_far();
 
 // ---- interval test of a node's 8 child boxes against all rays: a lower bound of every ray's near distance
 // (tn) and an upper bound of its far distance; a lane fails only if every ray's own test fails
@@ -238,7 +257,7 @@ auto leaf = [&](int slot, int code) -> bool {
             rf U, V, W;
             if (cUni[c]) {
 #pragma clang fp contract(off)
-                const int kx = cK[c][0][0], ky = cK[c][0][1], kz = cK[c][0][2];
+                const int kx = cKX[c][0], ky = cKY[c][0], kz = cKZ[c][0];
                 const rf az = pa[kz] - cOkz[c], bz = pb[kz] - cOkz[c], cz = pc[kz] - cOkz[c];
                 const rf Ax = (pa[kx] - cOkx[c]) - cSx[c] * az, Ay = (pa[ky] - cOky[c]) - cSy[c] * az;
                 const rf Bx = (pb[kx] - cOkx[c]) - cSx[c] * bz, By = (pb[ky] - cOky[c]) - cSy[c] * bz;
@@ -248,7 +267,7 @@ auto leaf = [&](int slot, int code) -> bool {
                 W = Bx * Ay - By * Ax;
             } else {
                 for (int l = 0; l < RW; ++l) {
-                    const int kx = cK[c][l][0], ky = cK[c][l][1], kz = cK[c][l][2];
+                    const int kx = cKX[c][l], ky = cKY[c][l], kz = cKZ[c][l];
                     const float ox = cOkx[c][l], oy = cOky[c][l], oz = cOkz[c][l];
                     const float sx = cSx[c][l], sy = cSy[c][l];
                     {
@@ -362,8 +381,7 @@ while (true) {
         }
     } else {
         if (leaf(slot, -ref - 1)) {
-            tfar = -INFINITY;
-            for (int c = 0; c < nc; ++c) for (int l = 0; l < RW; ++l) tfar = fmax_(tfar, cTF[c][l]);
+            tfar = packet_far();
         }
     }
     while (sp > 0) {
@@ -394,12 +412,33 @@ return res;
 """
 
 
+#: Where each ray starts: ``org + dirs[k]·t_min[k]`` (one origin), ``orgs[k] + dirs[k]·t_min[k]`` ("from") or
+#: ``orgs[k]`` ("at"), computed as ``wide_closest``'s callers compute it (the product rounded before the sum).
+_START = {
+    "one": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
+           "    const rf P = D[a] * T;\n    O[a] = (rf)org[a] + P;\n}",
+    "from": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
+            "    rf G;\n    __builtin_memcpy(&G, gO[a], sizeof(rf));\n    const rf P = D[a] * T;\n    O[a] = G + P;\n}",
+    "at": "for (int a = 0; a < 3; ++a) __builtin_memcpy(&O[a], gO[a], sizeof(rf));\n(void)T;",
+}
+
+
+def _packet_source(lanes: str, origins: str) -> str:
+    """The packet snippet with rays tested ``lanes`` ("8", or "16" where the CPU has AVX-512) at a time at the leaves,
+    starting where ``origins`` says (:data:`_START`)."""
+    width = ("#define RW 8" if lanes == "8" else
+             "#if defined(__AVX512F__)\n#define RW 16\n#else\n#define RW 8\n#endif")
+    gather = "" if origins == "one" else r"gO[0][l] = orgs.data[\1][0]; gO[1][l] = orgs.data[\1][1]; gO[2][l] = orgs.data[\1][2];"
+    src = re.sub(r"@GATHER_ORG\((.*?)\)@", gather, _PACKET_LANES)
+    return src.replace("@LANES@", width).replace("@START@", _START[origins].replace("\n", "\n            "))
+
+
 #: Rays tested 8 at a time at the leaves (a 256-bit vector): a beam's 19 sub-rays fill 3 such chunks.
-_PACKET = _PACKET_LANES.replace("@LANES@", "#define RW 8")
+_PACKET = _packet_source("8", "one")
 #: ... or 16 at a time where the CPU has 512-bit vectors (AVX-512): packets of 16 and 64 rays (a tile of camera pixels
 #: or lidar directions, a camera row's run) fill whole vectors of 16. Measured on one thread: 1080p camera tiles 3-5 %
 #: faster, a GAUSSIAN_BEAM sweep's 19 sub-rays 10 % slower in two chunks of 16 (they keep 8).
-_PACKET_16 = _PACKET_LANES.replace("@LANES@", "#if defined(__AVX512F__)\n#define RW 16\n#else\n#define RW 8\n#endif")
+_PACKET_16 = _packet_source("16", "one")
 
 @wp.func_native(_PACKET)
 def wide_packet(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
@@ -422,9 +461,7 @@ def wide_packet16(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.arra
     ...
 
 
-_PACKET_FROM = _PACKET.replace("const vec3 o = add(org, mul(d, t_min.c[k]));",
-                               "const vec3 o = add(vec3(orgs.data[k][0], orgs.data[k][1], orgs.data[k][2]), "
-                               "mul(d, t_min.c[k]));")
+_PACKET_FROM = _packet_source("8", "from")
 
 
 @wp.func_native(_PACKET_FROM)
@@ -456,9 +493,8 @@ def wide_packet_any_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: 
     ...
 
 
-_PACKET_AT = _PACKET.replace("const vec3 o = add(org, mul(d, t_min.c[k]));",
-                             "const vec3 o = vec3(orgs.data[k][0], orgs.data[k][1], orgs.data[k][2]);").replace(
-    "int ref = 0, slot = 0;", "int ref = root, slot = 0;")
+_PACKET_AT = _packet_source("8", "at").replace("int ref = 0, slot = 0;", "int ref = root, slot = 0;")
+assert "int ref = root" in _PACKET_AT
 
 
 @wp.func_native(_PACKET_AT)
