@@ -11,7 +11,7 @@ import warp as wp
 from conftest import box_mesh, quad_mesh
 
 from wsim.kernels.packet import PACKET, mat64x3, vec64f, wide_packet, wide_packet16
-from wsim.kernels.trace import SceneGeo
+from wsim.kernels.trace import SceneGeo, tile_indices
 from wsim.kernels.widebvh import wide_closest
 from wsim.scene import Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
@@ -328,6 +328,35 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
     cars = np.concatenate([b["instance"] for b in grids[:6]])
     assert len(cars) == n_car and (cars >= 0).mean() > 0.05  # the tiles aimed at the cars see them
     assert np.mean(grids[-2]["face"] >= 0) > 0.5
+
+
+@wp.kernel
+def _tiles_of(rows: int, cols: int, tr: int, tc: int, idx: wp.array2d[wp.int32], count: wp.array[wp.int32]):
+    t = wp.tid()
+    ix, m = tile_indices(t, rows, cols, tr, tc)
+    count[t] = m
+    for k in range(64):
+        idx[t, k] = ix[k]
+
+
+@pytest.mark.parametrize("rows,cols,tr,tc", [(1080, 1920, 4, 16), (7, 13, 4, 16), (13, 7, 16, 4), (1, 5, 4, 16),
+                                             (64, 1, 8, 8), (3600, 128, 16, 4)])
+def test_tile_indices_cover_the_grid_tile_by_tile(rows, cols, tr, tc):
+    """Every ray of a grid in exactly one tile, each tile's rays row by row as NumPy slices them (padding 0)."""
+    per_row = -(-cols // tc)
+    n_tiles = -(-rows // tr) * per_row + 2  # and two tiles past the grid: empty
+    idx = wp.zeros((n_tiles, 64), dtype=wp.int32, device="cpu")
+    count = wp.zeros(n_tiles, dtype=wp.int32, device="cpu")
+    wp.launch(_tiles_of, n_tiles, [rows, cols, tr, tc, idx, count], device="cpu")
+    idx, count = idx.numpy(), count.numpy()
+    grid = np.arange(rows * cols).reshape(rows, cols)
+    for t in range(n_tiles):
+        r0, c0 = (t // per_row) * tr, (t % per_row) * tc
+        want = grid[r0:r0 + tr, c0:c0 + tc].reshape(-1)
+        assert count[t] == len(want), t
+        assert np.array_equal(idx[t, :len(want)], want), t
+        assert not idx[t, len(want):].any(), t
+    assert np.array_equal(np.sort(np.concatenate([idx[t, :count[t]] for t in range(n_tiles)])), grid.reshape(-1))
 
 
 def test_trace_grid_is_checked_and_changes_no_hit():
