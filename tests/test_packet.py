@@ -268,6 +268,15 @@ def test_trace_packets_equal_ray_by_ray_traces(t_min, t_max):
     assert (b["face"][far] < 0).mean() > 0.2 and (beyond > 0.05 or t_max < 100.0)  # the sky, and far surfaces
     for k in a:
         assert np.array_equal(np.ascontiguousarray(a[k]).view(np.uint8), np.ascontiguousarray(b[k]).view(np.uint8)), k
+    _assert_brief_is_the_records(geo.trace(o, d, times, t_min=t_min, t_max=t_max, brief=True).numpy(), b)
+
+
+def _assert_brief_is_the_records(brief: dict, full: dict) -> None:
+    """Brief records (``trace(..., brief=True)``) are the full records' t, face, instance, u and v, bit for bit."""
+    assert sorted(brief) == ["face", "instance", "t", "u", "v"]
+    for k in brief:
+        assert np.array_equal(np.ascontiguousarray(brief[k]).view(np.uint8),
+                              np.ascontiguousarray(full[k]).view(np.uint8)), k
 
 
 def _grid_rays(org, forward, rows: int, cols: int, h_fov: float, v_fov: float) -> np.ndarray:
@@ -324,6 +333,7 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
         for k in a:
             assert np.array_equal(np.ascontiguousarray(a[k]).view(np.uint8),
                                   np.ascontiguousarray(b[k]).view(np.uint8)), (g, k)
+        _assert_brief_is_the_records(geo.trace(o, d, tt.reshape(-1), t_min=t_min, t_max=t_max, brief=True).numpy(), b)
         grids[g] = b
     cars = np.concatenate([b["instance"] for b in grids[:6]])
     assert len(cars) == n_car and (cars >= 0).mean() > 0.05  # the tiles aimed at the cars see them

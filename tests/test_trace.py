@@ -51,6 +51,43 @@ def test_plane_at_known_distance(device):
     assert np.all(miss["face"] == -1)
 
 
+def test_brief_records_of_a_moving_box_and_a_plane(device):
+    """``trace(..., brief=True)``: each ray's t, face, instance and u, v, as the full records have them, on every
+    device (one ray at a time on CUDA, ray packets on the CPU): a plane at a known distance, a moving box met at its
+    place at each ray's time, and misses."""
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])  # plane x = 5 facing -x
+    scene = _static_scene(p, f)
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    scene.prototypes.append(MeshData(bp, bf, 0))
+    scene.instances.append(Instance(0, [0.0, 1.0], [[2.0, -3.0, 0.0], [2.0, 3.0, 0.0]], [[0, 0, 0, 1.0]] * 2,
+                                    object_id=7))
+    geo = SceneGeometry(scene, device)
+    rng = np.random.default_rng(4)
+    n = 4096
+    d = np.column_stack([np.ones(n), rng.uniform(-0.8, 0.8, n), rng.uniform(-0.6, 0.6, n)])
+    d[: n // 8, 0] = -1.0  # away from the plane: misses
+    o = np.zeros((n, 3))
+    times = np.repeat(rng.uniform(0.0, 1.0, n // 16), 16)
+    full = geo.trace(o, d, times).numpy()
+    brief = geo.trace(o, d, times, brief=True).numpy()
+    assert sorted(brief) == ["face", "instance", "t", "u", "v"]
+    for k in brief:
+        assert np.array_equal(brief[k], full[k]), k
+    hit = brief["face"] >= 0
+    plane = hit & (brief["instance"] < 0)
+    np.testing.assert_allclose(brief["t"][plane], 5.0 / (d[plane, 0] / np.linalg.norm(d[plane], axis=1)), rtol=1e-5)
+    assert (brief["instance"] == 0).sum() > 50 and not hit[: n // 8].any()
+    # the box at its place at each ray's time: its near face x = 1.5, its sides y = -3 + 6·time ± 0.5
+    box = brief["instance"] == 0
+    p = brief["t"][box, None] * d[box] / np.linalg.norm(d[box], axis=1, keepdims=True)
+    y0 = -3.0 + 6.0 * times[box]
+    on_face = np.isclose(p[:, 0], 1.5, atol=1e-4) | np.isclose(np.abs(p[:, 1] - y0), 0.5, atol=1e-4)
+    assert on_face.all() and np.isclose(p[:, 0], 1.5, atol=1e-4).sum() > 50
+    assert np.all(np.abs(p[:, 1] - y0) <= 0.5 + 1e-4) and np.all(np.abs(p[:, 2]) <= 0.5 + 1e-4)
+    with pytest.raises(ValueError, match="brief"):
+        geo.trace(o, d, times, max_hits=2, brief=True)
+
+
 def test_box_room_every_ray_hits_analytic_wall(device):
     lo, hi = np.array([-4.0, -3.0, -1.5]), np.array([6.0, 2.5, 3.0])
     p, f = box_mesh(lo, hi, inward=True)

@@ -4,6 +4,8 @@ Every ray carries a time [s]; instance transforms are interpolated at that time 
 The result of a query is one :class:`Hit` record, consumed alike by lidar intensity and camera shading.
 """
 
+from typing import Any
+
 import warp as wp
 
 from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet16, wide_packet_at
@@ -116,6 +118,44 @@ def miss() -> Hit:
     h.object_id = 0
     h.semantic = 0
     return h
+
+
+@wp.struct
+class HitBrief:
+    """The nearest surface of a ray alone, as a ray caster's preliminary intersection gives it: what names the
+    triangle and where on it, for a :class:`Hit` to be made later, or a distance image.
+
+    Attributes:
+        t: Distance from the ray origin along the unit direction [m]; ``face < 0`` means no hit (t then 0).
+        face: Triangle index within its mesh (static mesh or the instance's prototype), -1 for a miss.
+        instance: Instance index, -1 for static geometry.
+        u: Barycentric weight of the face's first vertex (as :class:`Hit`).
+        v: Barycentric weight of the face's second vertex.
+    """
+
+    t: float
+    face: wp.int32
+    instance: wp.int32
+    u: float
+    v: float
+
+
+@wp.func(inline=True)
+def _put(out: wp.array[Hit], i: int, h: Hit):
+    """Store ray ``i``'s record."""
+    out[i] = h
+
+
+@wp.func(inline=True)
+def _put(out: wp.array[HitBrief], i: int, h: Hit):  # noqa: F811 - the overload for brief records
+    """Store ray ``i``'s brief record (the rest of ``h`` is never computed: the tracing functions are inlined)."""
+    b = HitBrief()
+    b.t = h.t
+    b.face = h.face
+    b.instance = h.instance
+    b.u = h.u
+    b.v = h.v
+    out[i] = b
 
 
 @wp.struct
@@ -594,10 +634,10 @@ def trace_closest_kernel(
     t_min: float,
     t_max: float,
     offset: int,
-    hits: wp.array[Hit],
+    hits: wp.array(dtype=Any),
 ):
     i = wp.tid() + offset
-    hits[i] = closest_hit(geo, origins[i], wp.normalize(directions[i]), t_min, t_max, times[i])
+    _put(hits, i, closest_hit(geo, origins[i], wp.normalize(directions[i]), t_min, t_max, times[i]))
 
 
 #: Rays a thread of :func:`trace_closest_packets_kernel` takes together (a packet when they share their origin).
@@ -630,7 +670,7 @@ LIST_COS = WHOLE_COS
 
 @wp.func(inline=True)
 def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_max: float,
-                  times: wp.array[float], idx: vec64i, res: mat64x4, hits: wp.array[Hit]) -> int:
+                  times: wp.array[float], idx: vec64i, res: mat64x4, hits: wp.array(dtype=Any)) -> int:
     """:func:`_trace_group`'s hits of a narrow packet (rays ``idx[k]``, ``k < m``) at one instant, from 0, with the
     instances its rays may meet listed once (:func:`packet_instances`; ``res``: the static answers over the whole
     range): the listed instances traversed once as packets (:func:`listed_packet`; none listed: the static answers
@@ -647,19 +687,19 @@ def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, 
     time = times[idx[0]]
     if listed.n == 0:
         for k in range(m):
-            hits[idx[k]] = static_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, 0.0, t_max,
-                                      wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
+            _put(hits, idx[k], static_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, 0.0, t_max,
+                                          wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
         return 1
     lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, res, listed)
     for k in range(m):
-        hits[idx[k]] = nearest_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, lt[k], lf[k], li[k],
-                                   lu[k], lv[k], wp.vec3(lnx[k], lny[k], lnz[k]))
+        _put(hits, idx[k], nearest_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, lt[k], lf[k],
+                                       li[k], lu[k], lv[k], wp.vec3(lnx[k], lny[k], lnz[k])))
     return 1
 
 
 @wp.func(inline=True)
 def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_min: float, t_max: float,
-                  times: wp.array[float], idx: vec64i, same_time: bool, res: mat64x4, hits: wp.array[Hit]):
+                  times: wp.array[float], idx: vec64i, same_time: bool, res: mat64x4, hits: wp.array(dtype=Any)):
     """:func:`_trace_group`'s hits of a narrow packet (rays within ``LIST_COS`` of its first; ``res``: their
     packet's answers over their whole range, a narrow packet staying narrow out of the scene): at one instant from 0
     the instances are listed once (:func:`_trace_listed`), else each ray's go through the top level. (Its own
@@ -669,13 +709,13 @@ def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, 
             return
     for k in range(m):
         i = idx[k]
-        hits[i] = closest_hit_given(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max, times[i],
-                                    wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3]))
+        _put(hits, i, closest_hit_given(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
+                                        times[i], wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
 
 
 @wp.func(inline=True)
 def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], times: wp.array[float],
-                 t_min: float, t_max: float, idx: vec64i, m: int, hits: wp.array[Hit]):
+                 t_min: float, t_max: float, idx: vec64i, m: int, hits: wp.array(dtype=Any)):
     """The closest hits of rays ``idx[k]``, ``k < m`` (m ≤ 64; CPU, ``geo.use_wide``), each as
     :func:`closest_hit` finds it, bit for bit. When they start at the same point (a lidar's column of emitters, a
     camera's pixels) they traverse the static 8-wide BVH as one packet (:func:`wsim.kernels.packet.wide_packet16`,
@@ -730,16 +770,16 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
             d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
             if res[k, 1] >= 0.0 or reach >= t_max:
                 w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
-                hits[i] = closest_hit_given(geo, o, d, t_min, t_max, times[i], w)
+                _put(hits, i, closest_hit_given(geo, o, d, t_min, t_max, times[i], w))
             elif t_min == 0.0:
-                hits[i] = closest_hit_beyond(geo, o, d, t_max, reach, times[i])
+                _put(hits, i, closest_hit_beyond(geo, o, d, t_max, reach, times[i]))
             else:
-                hits[i] = closest_hit(geo, o, d, t_min, t_max, times[i])
+                _put(hits, i, closest_hit(geo, o, d, t_min, t_max, times[i]))
     else:
         for k in range(m):
             i = idx[k]
-            hits[i] = closest_hit(geo, origins[i], wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
-                                  times[i])
+            _put(hits, i, closest_hit(geo, origins[i], wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
+                                      times[i]))
 
 
 @wp.kernel
@@ -752,7 +792,7 @@ def trace_closest_packets_kernel(
     t_max: float,
     n: int,
     offset: int,
-    hits: wp.array[Hit],
+    hits: wp.array(dtype=Any),
 ):
     """:func:`trace_closest_kernel` over rays ``TRACE_PACKET · tid`` on, as one group (:func:`_trace_group`; CPU,
     ``geo.use_wide``)."""
@@ -817,7 +857,7 @@ def trace_closest_tiles_kernel(
     tile_rows: int,
     tile_cols: int,
     offset: int,
-    hits: wp.array[Hit],
+    hits: wp.array(dtype=Any),
 ):
     """:func:`trace_closest_kernel` over a row-major grid of ``rows`` × ``cols`` rays (an image's pixels, a lidar's
     azimuths × elevations), a tile of ``tile_rows`` × ``tile_cols`` neighbours (at most 64) as one group
@@ -825,6 +865,12 @@ def trace_closest_tiles_kernel(
     one row."""
     idx, m = tile_indices(wp.tid() + offset, rows, cols, tile_rows, tile_cols)
     _trace_group(geo, origins, directions, times, t_min, t_max, idx, m, hits)
+
+
+#: The closest-hit kernels are made for both records (explicitly: an instance made at a launch would rebuild the module).
+for _kernel in (trace_closest_kernel, trace_closest_packets_kernel, trace_closest_tiles_kernel):
+    for _record in (Hit, HitBrief):
+        wp.overload(_kernel, {"hits": wp.array(dtype=_record)})
 
 
 @wp.kernel
