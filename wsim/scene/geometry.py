@@ -500,7 +500,7 @@ class SceneGeometry:
                 directions when not given); it changes the speed, not the hits.
             brief: Closest hits as :class:`wsim.kernels.trace.HitBrief` records (t, face, instance, u, v: a ray
                 caster's preliminary answer, what a distance image needs), the same values as the full records'
-                fields; the rest of a Hit is not computed (1080p camera rays about 1.3-1.6x as fast on the CPU).
+                fields; the rest of a Hit is not computed (1080p camera rays about 1.2-1.4x as fast on the CPU).
                 Only with ``max_hits == 1``.
 
         Moving instances are bounded over the rays' own times (their top-level boxes refit to that span while the
