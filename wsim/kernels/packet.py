@@ -115,8 +115,7 @@ const int nc = (na + RW - 1) / RW;
         rf D[3], O[3], SP;
         ri valid;
         {
-            // the lanes' values gathered in plain arrays, then loaded as vectors (inserting them lane by lane
-            // into vectors cost about a quarter of a camera tile's traversal)
+            // the lanes' values gathered in plain arrays, then loaded as vectors (not inserted lane by lane)
             float gD[3][RW], gT[RW], gS[RW], gO[3][RW];
             int gV[RW];
             const int c0 = c * RW;
@@ -197,7 +196,7 @@ const int nc = (na + RW - 1) / RW;
             aFNL[a] = ng ? VMIN(aFNL[a], W[a]) : aFNL[a]; aFNH[a] = ng ? VMAX(aFNH[a], W[a]) : aFNH[a];
         }
     }
-    // (no NaN here: the start points are finite, and the reciprocals that are not are dropped)
+    // (for finite rays no bound is NaN: the reciprocals that are not finite are dropped above)
     auto hmin = [](rf x) -> float { return __builtin_reduce_min(x); };
     auto hmax = [](rf x) -> float { return __builtin_reduce_max(x); };
     for (int a = 0; a < 3; ++a) {
