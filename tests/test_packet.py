@@ -10,9 +10,9 @@ import pytest
 import warp as wp
 from conftest import box_mesh, quad_mesh
 
-from wsim.kernels.packet import PACKET, mat64x3, vec64f, wide_packet, wide_packet16
-from wsim.kernels.trace import SceneGeo, tile_indices
-from wsim.kernels.widebvh import wide_closest
+from wsim.kernels.packet import PACKET, group_kind, mat64x3, unit_dirs, vec64f, vec64i, wide_packet, wide_packet16
+from wsim.kernels.trace import LIST_COS, PACKET_COS, WHOLE_COS, SceneGeo, tile_indices
+from wsim.kernels.widebvh import wide_closest, wide_slot
 from wsim.scene import Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
 
@@ -396,3 +396,100 @@ def test_trace_grid_is_checked_and_changes_no_hit():
     for k in flat:
         assert np.array_equal(np.ascontiguousarray(shaped[k]).view(np.uint8), np.ascontiguousarray(flat[k]).view(np.uint8))
         assert np.array_equal(np.ascontiguousarray(given[k]).view(np.uint8), np.ascontiguousarray(flat[k]).view(np.uint8))
+
+
+@wp.kernel
+def _group_setup(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], times: wp.array[float],
+                 idx_in: wp.array2d[wp.int32], m_in: wp.array[wp.int32], dirs_out: wp.array2d[wp.vec3],
+                 ref_out: wp.array2d[wp.vec3], kind_out: wp.array[wp.int32], ref_kind: wp.array[wp.int32]):
+    """The group set-up natives beside Warp's own expressions of the same rules (``wp.normalize``, ``wp.dot``)."""
+    b = wp.tid()
+    m = m_in[b]
+    idx = vec64i()
+    for k in range(PACKET):
+        idx[k] = idx_in[b, k]
+    dirs = unit_dirs(directions, idx, m)
+    kind_out[b] = group_kind(origins, times, dirs, idx, m, PACKET_COS, LIST_COS, WHOLE_COS)
+    s = idx[0]
+    d0 = wp.normalize(directions[s])
+    o = origins[s]
+    shared = m > 1
+    narrow = bool(True)
+    whole = bool(True)
+    same_time = bool(True)
+    for k in range(PACKET):
+        dirs_out[b, k] = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+        if k < m:
+            i = idx[k]
+            d = wp.normalize(directions[i])
+            ref_out[b, k] = d
+            c = wp.dot(d, d0)
+            if c < LIST_COS:
+                narrow = False
+            if c < WHOLE_COS:
+                whole = False
+            p = origins[i]
+            if wide_slot(p[0]) != wide_slot(o[0]) or wide_slot(p[1]) != wide_slot(o[1]):
+                shared = False
+            if wide_slot(p[2]) != wide_slot(o[2]) or c < PACKET_COS:
+                shared = False
+            if d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or d[2] * d0[2] <= 0.0:
+                shared = False
+            if wide_slot(times[i]) != wide_slot(times[s]):
+                same_time = False
+    kind = int(0)
+    if shared:
+        kind += 1
+    if narrow:
+        kind += 2
+    if whole:
+        kind += 4
+    if same_time:
+        kind += 8
+    ref_kind[b] = kind
+
+
+def test_group_setup_natives_equal_warp_expressions():
+    """unit_dirs rounds each row as wp.normalize does (scaled, tiny, zero and NaN directions, partial chunks), and
+    group_kind tells the same packet, narrow, whole and same-time flags as the rules written in Warp."""
+    rng = np.random.default_rng(3)
+    n = 4096
+    axis = np.array([0.3, -0.8, 0.5])
+    spread = rng.choice([0.001, 0.03, 0.1, 0.6], size=(n, 1))
+    d = axis + rng.normal(size=(n, 3)) * spread
+    d *= rng.choice([1.0, 1e-3, 7.5, 1e4], size=(n, 1))  # lengths far from 1
+    d[::97] = 0.0  # no length: zero rows
+    d[5::211] = np.nan
+    d[7::53, 0] = 1e-30  # tiny components
+    o = np.tile([1.0, 2.0, 3.0], (n, 1))
+    o[::61] = [1.0, 2.0, 3.0000002]
+    t = np.full(n, 0.25)
+    t[::73] = 0.2500001
+    o[11::151] = [0.0, 2.0, 3.0]
+    o[12::151] = [-0.0, 2.0, 3.0]  # the same value, other bits: not one origin
+    groups = 300
+    ms = rng.integers(1, PACKET + 1, size=groups)
+    ms[:4] = [1, 16, 17, 64]
+    idx = np.zeros((groups, PACKET), np.int32)
+    for g in range(groups):
+        start = rng.integers(0, n - PACKET)
+        idx[g, :ms[g]] = start + (np.arange(ms[g]) if g % 3 else rng.permutation(PACKET)[:ms[g]])
+    dev = "cpu"
+    arrs = [wp.array(o.astype(np.float32), dtype=wp.vec3, device=dev),
+            wp.array(d.astype(np.float32), dtype=wp.vec3, device=dev),
+            wp.array(t.astype(np.float32), dtype=float, device=dev),
+            wp.array(idx, dtype=wp.int32, device=dev), wp.array(ms.astype(np.int32), dtype=wp.int32, device=dev)]
+    dirs = wp.zeros((groups, PACKET), dtype=wp.vec3, device=dev)
+    ref = wp.zeros((groups, PACKET), dtype=wp.vec3, device=dev)
+    kind = wp.zeros(groups, dtype=wp.int32, device=dev)
+    ref_kind = wp.zeros(groups, dtype=wp.int32, device=dev)
+    wp.launch(_group_setup, groups, arrs, [dirs, ref, kind, ref_kind], device=dev)
+    got, want = dirs.numpy().view(np.uint32), ref.numpy().view(np.uint32)
+    for g in range(groups):
+        assert np.array_equal(got[g, :ms[g]], want[g, :ms[g]]), f"group {g}: unit directions differ"
+        assert not got[g, ms[g]:].any(), f"group {g}: rows beyond m not zero"
+    k, rk = kind.numpy(), ref_kind.numpy()
+    assert np.array_equal(k, rk), np.nonzero(k != rk)
+    # every flag is seen both set and clear, so the comparison covers each rule
+    for bit in (1, 2, 4, 8):
+        assert (k & bit).any() and (~k & bit).any(), bit

@@ -506,3 +506,145 @@ def wide_packet_at(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.arr
     ``max_t`` = ``t_max[k] − t_min[k]``): (t, slot, u, v), slot −1 for a miss. CPU only: on CUDA every row is a
     miss."""
     ...
+
+
+#: The unit directions of a group of rays, 16 at a time (as many as AVX-512 takes; 8 or 4 per instruction elsewhere):
+#: each row rounds as ``wp.normalize`` rounds it (the length from ``x·x + y·y + z·z`` in that order, no fused
+#: multiply-add; each component divided by it; zero where the length is not positive).
+_UNIT_DIRS = r"""
+wp::mat_t<64, 3, float> r;
+const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
+#if defined(__CUDA_ARCH__)
+for (int k = 0; k < M; ++k) {
+    const wp::vec3 d = wp::normalize(wp::index(directions, idx.c[k]));
+    r.data[k][0] = d[0]; r.data[k][1] = d[1]; r.data[k][2] = d[2];
+}
+#else
+typedef float v16 __attribute__((ext_vector_type(16)));
+for (int c = 0; c < M; c += 16) {
+    float gx[16], gy[16], gz[16];
+#pragma clang loop vectorize(disable)  // (not as vector gathers: slow where they are microcoded, as on AMD)
+    for (int l = 0; l < 16; ++l) {
+        const wp::vec3& d = wp::index(directions, idx.c[c + l < M ? c + l : c]);
+        gx[l] = d[0]; gy[l] = d[1]; gz[l] = d[2];
+    }
+    v16 x, y, z;
+    __builtin_memcpy(&x, gx, sizeof(v16));
+    __builtin_memcpy(&y, gy, sizeof(v16));
+    __builtin_memcpy(&z, gz, sizeof(v16));
+    v16 s;
+    {
+#pragma clang fp contract(off)
+        s = x * x + y * y + z * z;
+    }
+    const v16 len = __builtin_elementwise_sqrt(s);
+    const v16 ZERO = 0.0f;
+    const auto ok = len > ZERO;
+    x = ok ? x / len : ZERO;
+    y = ok ? y / len : ZERO;
+    z = ok ? z / len : ZERO;
+    __builtin_memcpy(gx, &x, sizeof(v16));
+    __builtin_memcpy(gy, &y, sizeof(v16));
+    __builtin_memcpy(gz, &z, sizeof(v16));
+    const int n = M - c < 16 ? M - c : 16;
+    for (int l = 0; l < n; ++l) {
+        r.data[c + l][0] = gx[l]; r.data[c + l][1] = gy[l]; r.data[c + l][2] = gz[l];
+    }
+}
+#endif
+return r;
+"""
+
+
+@wp.func_native(_UNIT_DIRS)
+def unit_dirs(directions: wp.array[wp.vec3], idx: vec64i, m: int) -> mat64x3:
+    """Rows ``k < m``: ``wp.normalize(directions[idx[k]])``, the same bits (zero where the direction has no
+    positive length); the other rows zero. Vectorised on the CPU."""
+    ...
+
+
+
+#: How a group of rays (unit directions ``dirs``) may be traced together: bit 1 when they share their origin (the
+#: same float bits), lie within ``packet_cos`` of the first ray's direction and in its octant (every component's
+#: product with the first's positive), and are more than one; bit 2 when all lie within ``list_cos`` of the first,
+#: bit 4 within ``whole_cos``; bit 8 when their times have the same bits. A NaN cosine fails no test (as ``c <
+#: cos``); the cosine rounds as ``wp.dot`` rounds it.
+_GROUP_KIND = r"""
+const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
+if (M == 0) return 2 | 4 | 8;
+const int s = idx.c[0];
+const wp::vec3 o = wp::index(origins, s);
+const float t0 = wp::index(times, s);
+const float ax = dirs.data[0][0], ay = dirs.data[0][1], az = dirs.data[0][2];
+#if defined(__CUDA_ARCH__)
+const int ob[3] = {__float_as_int(o[0]), __float_as_int(o[1]), __float_as_int(o[2])}, tb = __float_as_int(t0);
+bool shared = M > 1, narrow = true, whole = true, same_time = true;
+for (int k = 0; k < M; ++k) {
+    const int i = idx.c[k];
+    const float x = dirs.data[k][0], y = dirs.data[k][1], z = dirs.data[k][2];
+    const float c = x * ax + y * ay + z * az;
+    const wp::vec3 p = wp::index(origins, i);
+    narrow = narrow && !(c < list_cos);
+    whole = whole && !(c < whole_cos);
+    shared = shared && __float_as_int(p[0]) == ob[0] && __float_as_int(p[1]) == ob[1] &&
+             __float_as_int(p[2]) == ob[2] && !(c < packet_cos) && !(x * ax <= 0.0f) && !(y * ay <= 0.0f) &&
+             !(z * az <= 0.0f);
+    same_time = same_time && __float_as_int(wp::index(times, i)) == tb;
+}
+return (shared ? 1 : 0) | (narrow ? 2 : 0) | (whole ? 4 : 0) | (same_time ? 8 : 0);
+#else
+int ob[3], tb;
+__builtin_memcpy(ob, &o, sizeof(ob));
+__builtin_memcpy(&tb, &t0, sizeof(tb));
+typedef float v16 __attribute__((ext_vector_type(16)));
+typedef int i16 __attribute__((ext_vector_type(16)));
+i16 bad_shared = 0, bad_narrow = 0, bad_whole = 0, bad_time = 0;
+for (int c = 0; c < M; c += 16) {
+    float gx[16], gy[16], gz[16];
+    int gp[3][16], gt[16];
+#pragma clang loop vectorize(disable)  // (scalar loads, not vector gathers)
+    for (int l = 0; l < 16; ++l) {
+        const int k = c + l < M ? c + l : c;  // (the padding repeats a ray of the group: it changes no test)
+        const int i = idx.c[k];
+        gx[l] = dirs.data[k][0]; gy[l] = dirs.data[k][1]; gz[l] = dirs.data[k][2];
+        const int* p = (const int*)&wp::index(origins, i);
+        gp[0][l] = p[0]; gp[1][l] = p[1]; gp[2][l] = p[2];
+        __builtin_memcpy(&gt[l], &wp::index(times, i), sizeof(int));
+    }
+    v16 x, y, z;
+    i16 px, py, pz, t;
+    __builtin_memcpy(&x, gx, sizeof(v16));
+    __builtin_memcpy(&y, gy, sizeof(v16));
+    __builtin_memcpy(&z, gz, sizeof(v16));
+    __builtin_memcpy(&px, gp[0], sizeof(i16));
+    __builtin_memcpy(&py, gp[1], sizeof(i16));
+    __builtin_memcpy(&pz, gp[2], sizeof(i16));
+    __builtin_memcpy(&t, gt, sizeof(i16));
+    v16 cs, sx, sy, sz;
+    {
+#pragma clang fp contract(off)
+        cs = x * ax + y * ay + z * az;
+        sx = x * ax; sy = y * ay; sz = z * az;
+    }
+    const v16 ZERO = 0.0f;
+    bad_narrow |= cs < list_cos;
+    bad_whole |= cs < whole_cos;
+    bad_shared |= (px != ob[0]) | (py != ob[1]) | (pz != ob[2]) | (cs < packet_cos) | (sx <= ZERO) | (sy <= ZERO) |
+                  (sz <= ZERO);
+    bad_time |= t != tb;
+}
+const bool shared = M > 1 && !__builtin_reduce_or(bad_shared);
+return (shared ? 1 : 0) | (__builtin_reduce_or(bad_narrow) ? 0 : 2) | (__builtin_reduce_or(bad_whole) ? 0 : 4) |
+       (__builtin_reduce_or(bad_time) ? 0 : 8);
+#endif
+"""
+
+
+@wp.func_native(_GROUP_KIND)
+def group_kind(origins: wp.array[wp.vec3], times: wp.array[float], dirs: mat64x3, idx: vec64i, m: int,
+               packet_cos: float, list_cos: float, whole_cos: float) -> int:
+    """How rays ``idx[k]``, ``k < m``, with unit directions ``dirs[k]`` (:func:`unit_dirs`), may be traced
+    together: bit 1 one packet (one origin, the same float bits; more than one ray; within ``packet_cos`` of the
+    first ray's direction and in its octant), bit 2 all within ``list_cos`` of the first, bit 4 within
+    ``whole_cos``, bit 8 all at the first ray's time (the same bits). Vectorised on the CPU."""
+    ...

@@ -8,7 +8,7 @@ from typing import Any
 
 import warp as wp
 
-from .packet import mat64x3, mat64x4, vec64f, vec64i, wide_packet16, wide_packet_at
+from .packet import group_kind, mat64x3, mat64x4, unit_dirs, vec64f, vec64i, wide_packet16, wide_packet_at
 from .pose import difference_window, sample_keys
 from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
@@ -652,12 +652,6 @@ PACKET_REACH = wp.constant(50.0)
 PACKET_COS = wp.constant(0.9945219)
 
 
-@wp.func(inline=True)
-def _same_point(a: wp.vec3, b: wp.vec3) -> bool:
-    """Whether two points have the same float32 bits (so -0.0 and 0.0 differ)."""
-    return wide_slot(a[0]) == wide_slot(b[0]) and wide_slot(a[1]) == wide_slot(b[1]) and wide_slot(a[2]) == wide_slot(b[2])
-
-
 #: The widest packet of :func:`trace_closest_packets_kernel` that is traced over its whole range at once: rays within
 #: 3° of its first (a camera row's run, a tile of a lidar's 16 azimuths × 4 elevations) stay a narrow packet out of
 #: the scene (the lidar fan 6–9 % faster so, in 16 × 4 tiles) ...
@@ -726,31 +720,13 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
     scene); a narrow one (within ``LIST_COS``) is then :func:`_trace_narrow`'s: at one instant (from 0) the instances its rays may meet are listed
     once and traversed as packets. Groups of rays from several origins, or not within ``PACKET_COS`` of one
     direction and octant: ray by ray."""
-    s = idx[0]
-    o = origins[s]
-    d0 = wp.normalize(directions[s])  # (the same bits as its row below)
-    dirs = mat64x3()
-    shared = m > 1
-    same_time = bool(True)
-    narrow = bool(True)  # all within LIST_COS of the first
-    whole = bool(True)
-    for k in range(m):
-        i = idx[k]
-        d = wp.normalize(directions[i])
-        dirs[k, 0] = d[0]
-        dirs[k, 1] = d[1]
-        dirs[k, 2] = d[2]
-        c = wp.dot(d, d0)
-        if c < LIST_COS:
-            narrow = False
-        if c < WHOLE_COS:
-            whole = False
-        if not _same_point(origins[i], o) or c < PACKET_COS:
-            shared = False
-        if d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or d[2] * d0[2] <= 0.0:
-            shared = False
-        if wide_slot(times[i]) != wide_slot(times[s]):
-            same_time = False
+    o = origins[idx[0]]
+    dirs = unit_dirs(directions, idx, m)
+    kind = group_kind(origins, times, dirs, idx, m, PACKET_COS, LIST_COS, WHOLE_COS)
+    shared = (kind & 1) != 0
+    narrow = (kind & 2) != 0  # all within LIST_COS of the first
+    whole = (kind & 4) != 0
+    same_time = (kind & 8) != 0
     if shared:
         lo = vec64f()
         hi = vec64f()
