@@ -44,6 +44,28 @@ typedef int vi __attribute__((ext_vector_type(8)));
 @LANES@
 typedef float rf __attribute__((ext_vector_type(RW)));
 typedef int ri __attribute__((ext_vector_type(RW)));
+// RW rows of 3 floats (x y z x y z ...) as three vectors of x, y and z
+auto deinterleave = [](const float* p, rf* out) {
+    rf q0, q1, q2;
+    __builtin_memcpy(&q0, p, sizeof(rf));
+    __builtin_memcpy(&q1, p + RW, sizeof(rf));
+    __builtin_memcpy(&q2, p + 2 * RW, sizeof(rf));
+#if RW == 16
+    const rf ax = __builtin_shufflevector(q0, q1, 0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 0, 0, 0, 0, 0);
+    const rf ay = __builtin_shufflevector(q0, q1, 1, 4, 7, 10, 13, 16, 19, 22, 25, 28, 31, 0, 0, 0, 0, 0);
+    const rf az = __builtin_shufflevector(q0, q1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 0, 0, 0, 0, 0, 0);
+    out[0] = __builtin_shufflevector(ax, q2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 17, 20, 23, 26, 29);
+    out[1] = __builtin_shufflevector(ay, q2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 18, 21, 24, 27, 30);
+    out[2] = __builtin_shufflevector(az, q2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 19, 22, 25, 28, 31);
+#else
+    const rf ax = __builtin_shufflevector(q0, q1, 0, 3, 6, 9, 12, 15, 0, 0);
+    const rf ay = __builtin_shufflevector(q0, q1, 1, 4, 7, 10, 13, 0, 0, 0);
+    const rf az = __builtin_shufflevector(q0, q1, 2, 5, 8, 11, 14, 0, 0, 0);
+    out[0] = __builtin_shufflevector(ax, q2, 0, 1, 2, 3, 4, 5, 10, 13);
+    out[1] = __builtin_shufflevector(ay, q2, 0, 1, 2, 3, 4, 8, 11, 14);
+    out[2] = __builtin_shufflevector(az, q2, 0, 1, 2, 3, 4, 9, 12, 15);
+#endif
+};
 const float* B = boxes.data;
 const int* C = child.data;
 const vec3* V0 = v0.data;
@@ -54,6 +76,24 @@ const int* F = fid.data;
 const float WIDEN = 1.0f + 4.76837158203125e-7f;
 #define VMAX(a, b) ({ const __typeof__(a) a_ = (a), b_ = (b); a_ > b_ ? a_ : b_; })
 #define VMIN(a, b) ({ const __typeof__(a) a_ = (a), b_ = (b); a_ < b_ ? a_ : b_; })
+// halving trees of vector min / max (a < b ? a : b: one instruction per step; __builtin_reduce_min / max
+// keep NaN rules that cost a scalar chain of compares here)
+typedef float f8 __attribute__((ext_vector_type(8)));
+typedef float f4 __attribute__((ext_vector_type(4)));
+typedef float f2 __attribute__((ext_vector_type(2)));
+#if RW == 16
+#define HTREE(x, OP) ({ const f8 h8_ = OP(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7), \
+                                  __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15)); \
+                    const f4 h4_ = OP(__builtin_shufflevector(h8_, h8_, 0, 1, 2, 3), \
+                                      __builtin_shufflevector(h8_, h8_, 4, 5, 6, 7)); \
+                    const f2 h2_ = OP(__builtin_shufflevector(h4_, h4_, 0, 1), __builtin_shufflevector(h4_, h4_, 2, 3)); \
+                    OP(h2_[0], h2_[1]); })
+#else
+#define HTREE(x, OP) ({ const f4 h4_ = OP(__builtin_shufflevector(x, x, 0, 1, 2, 3), \
+                                      __builtin_shufflevector(x, x, 4, 5, 6, 7)); \
+                    const f2 h2_ = OP(__builtin_shufflevector(h4_, h4_, 0, 1), __builtin_shufflevector(h4_, h4_, 2, 3)); \
+                    OP(h2_[0], h2_[1]); })
+#endif
 const float CULL = 1.0f + 9.765625e-4f;
 mat_t<64, 4, float> res;
 for (int k = 0; k < 64; ++k) { res.data[k][0] = -1.0f; res.data[k][1] = -1.0f; }
@@ -112,24 +152,27 @@ const int nc = (na + RW - 1) / RW;
     // a chunk of 8 lanes at a time, each lane set up exactly as wide_closest sets up its ray; a padding lane is a
     // copy of its chunk's first ray that can hit nothing (t_max = -1)
     for (int c = 0; c < nc; ++c) {
-        rf D[3], O[3], SP;
+        rf D[3], O[3], SP, T, G[3];
         ri valid;
+        (void)G;
         {
-            // the lanes' values gathered in plain arrays, then loaded as vectors (not inserted lane by lane)
-            float gD[3][RW], gT[RW], gS[RW], gO[3][RW];
-            int gV[RW];
             const int c0 = c * RW;
             if (c0 + RW <= na && act[c0 + RW - 1] == c0 + RW - 1) {  // RW rays in a row, all active
-                const float* dd = &dirs.data[c0][0];
-                for (int l = 0; l < RW; ++l) {
-                    gD[0][l] = dd[3 * l]; gD[1][l] = dd[3 * l + 1]; gD[2][l] = dd[3 * l + 2];
-                    @GATHER_ORG(c0 + l)@
-                    gT[l] = t_min.c[c0 + l];
-                    gS[l] = t_max.c[c0 + l] - t_min.c[c0 + l];
-                    gV[l] = -1;
-                    cRay[c][l] = c0 + l;
-                }
+                // their rows loaded as three vectors and split into components (no lane-by-lane stores: a vector
+                // load of just-stored lanes waits for the stores)
+                deinterleave(&dirs.data[c0][0], D);
+                @FAST_ORG@
+                __builtin_memcpy(&T, &t_min.c[c0], sizeof(rf));
+                rf TX;
+                __builtin_memcpy(&TX, &t_max.c[c0], sizeof(rf));
+                SP = TX - T;
+                valid = -1;
+                for (int l = 0; l < RW; ++l) cRay[c][l] = c0 + l;
             } else {
+                // the lanes' values gathered in plain arrays, then loaded as vectors (not inserted lane by lane)
+                float gD[3][RW], gT[RW], gS[RW], gO[3][RW];
+                int gV[RW];
+                (void)gO;
                 for (int l = 0; l < RW; ++l) {
                     const int j = c0 + l;
                     const int k = act[j < na ? j : c0];
@@ -140,14 +183,14 @@ const int nc = (na + RW - 1) / RW;
                     gV[l] = j < na ? -1 : 0;
                     cRay[c][l] = j < na ? k : -1;
                 }
+                __builtin_memcpy(&D[0], gD[0], sizeof(rf));
+                __builtin_memcpy(&D[1], gD[1], sizeof(rf));
+                __builtin_memcpy(&D[2], gD[2], sizeof(rf));
+                __builtin_memcpy(&T, gT, sizeof(rf));
+                __builtin_memcpy(&SP, gS, sizeof(rf));
+                __builtin_memcpy(&valid, gV, sizeof(ri));
+                @LOAD_ORG@
             }
-            rf T;
-            __builtin_memcpy(&D[0], gD[0], sizeof(rf));
-            __builtin_memcpy(&D[1], gD[1], sizeof(rf));
-            __builtin_memcpy(&D[2], gD[2], sizeof(rf));
-            __builtin_memcpy(&T, gT, sizeof(rf));
-            __builtin_memcpy(&SP, gS, sizeof(rf));
-            __builtin_memcpy(&valid, gV, sizeof(ri));
             @START@
         }
         rf R[3], W[3];
@@ -197,8 +240,8 @@ const int nc = (na + RW - 1) / RW;
         }
     }
     // (for finite rays no bound is NaN: the reciprocals that are not finite are dropped above)
-    auto hmin = [](rf x) -> float { return __builtin_reduce_min(x); };
-    auto hmax = [](rf x) -> float { return __builtin_reduce_max(x); };
+    auto hmin = [](rf x) -> float { return HTREE(x, VMIN); };
+    auto hmax = [](rf x) -> float { return HTREE(x, VMAX); };
     for (int a = 0; a < 3; ++a) {
         slo[a] = hmin(aSL[a]); shi[a] = hmax(aSH[a]);
         rpl[a] = hmin(aRPL[a]); rph[a] = hmax(aRPH[a]); fpl[a] = hmin(aFPL[a]); fph[a] = hmax(aFPH[a]);
@@ -206,11 +249,32 @@ const int nc = (na + RW - 1) / RW;
         pos[a] = anyr(aPos[a]) != 0; neg[a] = anyr(aNeg[a]) != 0; drop[a] = anyr(aDrop[a]) != 0;
     }
 }
+// one start point (the same float bits) and one watertight axis permutation for every lane of the packet (a camera's
+// or a lidar's rays from one origin, t_min 0): a leaf's triangles are then set up once for all chunks of rays — the
+// start-relative vertex components and the plane distance's numerator are the same for every lane, the same
+// operations on the same values as lane by lane
+bool pOne = true;
+{
+    const int kx0 = cKX[0][0], ky0 = cKY[0][0], kz0 = cKZ[0][0];
+    ri o0[3];
+    __builtin_memcpy(&o0[0], &cOx[0], sizeof(ri));
+    __builtin_memcpy(&o0[1], &cOy[0], sizeof(ri));
+    __builtin_memcpy(&o0[2], &cOz[0], sizeof(ri));
+    const ri ox0 = o0[0][0], oy0 = o0[1][0], oz0 = o0[2][0];
+    for (int c = 0; c < nc && pOne; ++c) {
+        ri ob[3];
+        __builtin_memcpy(&ob[0], &cOx[c], sizeof(ri));
+        __builtin_memcpy(&ob[1], &cOy[c], sizeof(ri));
+        __builtin_memcpy(&ob[2], &cOz[c], sizeof(ri));
+        pOne = cUni[c] && cKX[c][0] == kx0 && cKY[c][0] == ky0 && cKZ[c][0] == kz0 &&
+               !anyr((ob[0] != ox0) | (ob[1] != oy0) | (ob[2] != oz0));
+    }
+}
 // the packet's culling bound: the largest of the rays'
 auto packet_far = [&]() -> float {
     rf m = cTF[0];
     for (int c = 1; c < nc; ++c) m = VMAX(m, cTF[c]);
-    return __builtin_reduce_max(m);
+    return HTREE(m, VMAX);
 };
 float tfar = packet_far();
 
@@ -243,6 +307,10 @@ auto leaf = [&](int slot, int code) -> bool {
     const int k0 = code >> 3;
     const int k1 = k0 + (code & 7) + 1;
     bool hit = false;
+    // the chunks whose rays may enter the leaf's box (wide_closest's box test, lane by lane)
+    ri bms[MAXC];
+    int live[MAXC];
+    int nl = 0;
     for (int c = 0; c < nc; ++c) {
         const rf lx = cNx[c] ? HIX : LOX, ux = cNx[c] ? LOX : HIX;
         const rf ly = cNy[c] ? HIY : LOY, uy = cNy[c] ? LOY : HIY;
@@ -251,6 +319,75 @@ auto leaf = [&](int slot, int code) -> bool {
         const rf tf = VMIN((ux - cOx[c]) * cFx[c], VMIN((uy - cOy[c]) * cFy[c], VMIN((uz - cOz[c]) * cFz[c], cTF[c])));
         const ri bm = tn <= tf;
         if (!anyr(bm)) continue;
+        bms[nl] = bm;
+        live[nl++] = c;
+    }
+    if (nl == 0) return false;
+    // a ray's triangle test once it is through the watertight test: the plane distance from the start point
+    // (numerator, denominator: wide_closest's own scalar expression lane by lane, so it rounds alike) and the
+    // nearest-hit update
+    auto accept = [&](int c, int k, ri through, rf num, rf U, rf V, rf det, const vec3& nrm) {
+        const rf NX = nrm[0], NY = nrm[1], NZ = nrm[2];
+        const rf den = NX * cDx[c] + NY * cDy[c] + NZ * cDz[c];
+        const rf t = through ? num / den : RZERO;
+        const ri f = F[k];
+        const ri acc = through & (t >= RZERO) & ((t < cTM[c]) | ((t == cTM[c]) & (f < cHF[c])));
+        if (!anyr(acc)) return;
+        const rf inv = 1.0f / det;
+        cTM[c] = acc ? t : cTM[c];
+        cTF[c] = cTM[c] * CULL;
+        cHF[c] = acc ? f : cHF[c];
+        cHK[c] = acc ? (ri)k : cHK[c];
+        cHU[c] = acc ? U * inv : cHU[c];
+        cHV[c] = acc ? V * inv : cHV[c];
+        hit = true;
+    };
+    if (pOne) {
+        // triangle by triangle, each set up once for every chunk
+        const int kx = cKX[0][0], ky = cKY[0][0], kz = cKZ[0][0];
+        const float ox = cOx[0][0], oy = cOy[0][0], oz = cOz[0][0];
+        const float okx = cOkx[0][0], oky = cOky[0][0], okz = cOkz[0][0];
+        for (int k = k0; k < k1; ++k) {
+            const vec3 pa = V0[k], pb = V1[k], pc = V2[k];
+            float az, bz, cz, ax, ay, bx, by, cx, cy;
+            {
+#pragma clang fp contract(off)
+                az = pa[kz] - okz; bz = pb[kz] - okz; cz = pc[kz] - okz;
+                ax = pa[kx] - okx; ay = pa[ky] - oky;
+                bx = pb[kx] - okx; by = pb[ky] - oky;
+                cx = pc[kx] - okx; cy = pc[ky] - oky;
+            }
+            const vec3 nrm = cross(pb - pa, pc - pa);
+            const float NX = nrm[0], NY = nrm[1], NZ = nrm[2];
+            const float num = NX * (pa[0] - ox) + NY * (pa[1] - oy) + NZ * (pa[2] - oz);
+            for (int j = 0; j < nl; ++j) {
+                const int c = live[j];
+                rf U, V, W;
+                {
+#pragma clang fp contract(off)
+                    const rf Ax = (rf)ax - cSx[c] * az, Ay = (rf)ay - cSy[c] * az;
+                    const rf Bx = (rf)bx - cSx[c] * bz, By = (rf)by - cSy[c] * bz;
+                    const rf Cx = (rf)cx - cSx[c] * cz, Cy = (rf)cy - cSy[c] * cz;
+                    U = Cx * By - Cy * Bx;
+                    V = Ax * Cy - Ay * Cx;
+                    W = Bx * Ay - By * Ax;
+                }
+                const ri out = ((U < RZERO) | (V < RZERO) | (W < RZERO)) & ((U > RZERO) | (V > RZERO) | (W > RZERO));
+                rf det;
+                {
+#pragma clang fp contract(off)
+                    det = U + V + W;
+                }
+                const ri through = bms[j] & ~out & (det != RZERO);
+                if (!anyr(through)) continue;
+                accept(c, k, through, (rf)num, U, V, det, nrm);
+            }
+        }
+        return hit;
+    }
+    for (int j = 0; j < nl; ++j) {
+        const int c = live[j];
+        const ri bm = bms[j];
         for (int k = k0; k < k1; ++k) {
             const vec3 pa = V0[k], pb = V1[k], pc = V2[k];
             rf U, V, W;
@@ -289,23 +426,10 @@ auto leaf = [&](int slot, int code) -> bool {
             }
             const ri through = bm & ~out & (det != RZERO);
             if (!anyr(through)) continue;
-            // the plane distance lane by lane in wide_closest's own scalar expression (so it rounds alike)
             const vec3 nrm = cross(pb - pa, pc - pa);
             const rf NX = nrm[0], NY = nrm[1], NZ = nrm[2];
-            const rf num = NX * ((rf)pa[0] - cOx[c]) + NY * ((rf)pa[1] - cOy[c]) + NZ * ((rf)pa[2] - cOz[c]);
-            const rf den = NX * cDx[c] + NY * cDy[c] + NZ * cDz[c];
-            const rf t = through ? num / den : RZERO;
-            const ri f = F[k];
-            const ri acc = through & (t >= RZERO) & ((t < cTM[c]) | ((t == cTM[c]) & (f < cHF[c])));
-            if (!anyr(acc)) continue;
-            const rf inv = 1.0f / det;
-            cTM[c] = acc ? t : cTM[c];
-            cTF[c] = cTM[c] * CULL;
-            cHF[c] = acc ? f : cHF[c];
-            cHK[c] = acc ? (ri)k : cHK[c];
-            cHU[c] = acc ? U * inv : cHU[c];
-            cHV[c] = acc ? V * inv : cHV[c];
-            hit = true;
+            accept(c, k, through, NX * ((rf)pa[0] - cOx[c]) + NY * ((rf)pa[1] - cOy[c]) + NZ * ((rf)pa[2] - cOz[c]),
+                   U, V, det, nrm);
         }
     }
     return hit;
@@ -405,6 +529,7 @@ for (int c = 0; c < nc; ++c) {
 }
 #undef VMAX
 #undef VMIN
+#undef HTREE
 #undef RW
 return res;
 #endif
@@ -417,8 +542,8 @@ _START = {
     "one": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
            "    const rf P = D[a] * T;\n    O[a] = (rf)org[a] + P;\n}",
     "from": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
-            "    rf G;\n    __builtin_memcpy(&G, gO[a], sizeof(rf));\n    const rf P = D[a] * T;\n    O[a] = G + P;\n}",
-    "at": "for (int a = 0; a < 3; ++a) __builtin_memcpy(&O[a], gO[a], sizeof(rf));\n(void)T;",
+            "    const rf P = D[a] * T;\n    O[a] = G[a] + P;\n}",
+    "at": "for (int a = 0; a < 3; ++a) O[a] = G[a];",
 }
 
 
@@ -429,6 +554,9 @@ def _packet_source(lanes: str, origins: str) -> str:
              "#if defined(__AVX512F__)\n#define RW 16\n#else\n#define RW 8\n#endif")
     gather = "" if origins == "one" else r"gO[0][l] = orgs.data[\1][0]; gO[1][l] = orgs.data[\1][1]; gO[2][l] = orgs.data[\1][2];"
     src = re.sub(r"@GATHER_ORG\((.*?)\)@", gather, _PACKET_LANES)
+    src = src.replace("@FAST_ORG@", "" if origins == "one" else "deinterleave(&orgs.data[c0][0], G);")
+    src = src.replace("@LOAD_ORG@", "" if origins == "one" else
+                      "for (int a = 0; a < 3; ++a) __builtin_memcpy(&G[a], gO[a], sizeof(rf));")
     return src.replace("@LANES@", width).replace("@START@", _START[origins].replace("\n", "\n            "))
 
 
@@ -476,8 +604,9 @@ def wide_packet_from(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.a
 
 #: The any-hit variant: a ray that meets a triangle is done (its culling bound drops below every box), the packet
 #: once all its rays are.
-_PACKET_ANY_FROM = _PACKET_FROM.replace("            cTF[c] = cTM[c] * CULL;\n",
-                                        "            cTF[c] = acc ? (rf)(-1.0f) : cTF[c];\n")
+_PACKET_ANY_FROM = _PACKET_FROM.replace("        cTF[c] = cTM[c] * CULL;\n",
+                                        "        cTF[c] = acc ? (rf)(-1.0f) : cTF[c];\n")
+assert _PACKET_ANY_FROM != _PACKET_FROM
 
 
 @wp.func_native(_PACKET_ANY_FROM)
