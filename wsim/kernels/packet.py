@@ -136,9 +136,18 @@ int pos[3] = {0, 0, 0}, neg[3] = {0, 0, 0}, drop[3] = {0, 0, 0};
 // the active rays (t_max > t_min; wide_closest misses the others) in packet order
 int act[64];
 int na = 0;
-for (int k = 0; k < N; ++k) {
-    const float span = t_max.c[k] - t_min.c[k];
-    if (span > 0.0f) act[na++] = k;
+{
+    int inactive = 0;  // (a loop without a carried count: vectorised)
+    for (int k = 0; k < N; ++k) inactive |= !(t_max.c[k] - t_min.c[k] > 0.0f);
+    if (!inactive) {
+        for (int k = 0; k < N; ++k) act[k] = k;
+        na = N;
+    } else {
+        for (int k = 0; k < N; ++k) {
+            const float span = t_max.c[k] - t_min.c[k];
+            if (span > 0.0f) act[na++] = k;
+        }
+    }
 }
 if (na == 0) return res;
 const int nc = (na + RW - 1) / RW;
