@@ -10,7 +10,8 @@ import pytest
 import warp as wp
 from conftest import box_mesh, quad_mesh
 
-from wsim.kernels.packet import PACKET, group_kind, mat64x3, unit_dirs, vec64f, vec64i, wide_packet, wide_packet16
+from wsim.kernels.packet import (PACKET, group_kind, mat64x3, unit_dirs, vec64f, vec64i, wide_packet, wide_packet16,
+                                 wide_packet_from)
 from wsim.kernels.trace import LIST_COS, PACKET_COS, WHOLE_COS, SceneGeo, tile_indices
 from wsim.kernels.widebvh import wide_closest, wide_slot
 from wsim.scene import Material, MeshData, Part, Scene
@@ -493,3 +494,54 @@ def test_group_setup_natives_equal_warp_expressions():
     # every flag is seen both set and clear, so the comparison covers each rule
     for bit in (1, 2, 4, 8):
         assert (k & bit).any() and (~k & bit).any(), bit
+
+
+@wp.kernel
+def _from_vs_single(geo: SceneGeo, orgs: wp.array2d[wp.vec3], dirs: wp.array2d[wp.vec3], far: float, n: int,
+                    packet: wp.array2d[wp.vec4], single: wp.array2d[wp.vec4]):
+    b = wp.tid()
+    o = mat64x3()
+    d = mat64x3()
+    lo = vec64f()
+    hi = vec64f()
+    for k in range(n):
+        for a in range(3):
+            o[k, a] = orgs[b, k][a]
+            d[k, a] = dirs[b, k][a]
+        hi[k] = far
+    res = wide_packet_from(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o, d,
+                           lo, hi, n)
+    for k in range(n):
+        packet[b, k] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+        w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                         orgs[b, k], dirs[b, k], far)
+        if w[1] < 0.0:
+            w = wp.vec4(-1.0, -1.0, 0.0, 0.0)
+        single[b, k] = w
+
+
+def test_multi_origin_packets_with_a_nan_start_point_equal_single_rays(street):
+    """One emitter over 16 ticks of a moving sensor (origins centimetres apart, directions a tenth of a degree): each
+    ray's answer is its own, also where one of the 16 start points is NaN (that ray drops out of the packet's bounds
+    and meets nothing, the others keep their surfaces)."""
+    rng = np.random.default_rng(11)
+    b, n = 1500, 16
+    base = np.column_stack([rng.uniform(-60, 60, b), rng.uniform(-6, 6, b), rng.uniform(0.5, 2.5, b)])
+    orgs = base[:, None, :] + np.arange(n)[None, :, None] * np.array([0.02, 0.001, 0.0])
+    ax = rng.normal(size=(b, 3))
+    ax[:, 2] = rng.uniform(-0.4, 0.1, b)
+    ax /= np.linalg.norm(ax, axis=1, keepdims=True)
+    dirs = np.stack([_cone(ax[i], np.radians(0.1), n, rng) for i in range(b)])
+    orgs[::3, 12] = np.nan  # every third packet has one NaN start point (in either half of a vector's lanes)
+    orgs[1::3, 3, 2] = np.nan
+    d = "cpu"
+    pk = wp.zeros((b, PACKET), dtype=wp.vec4, device=d)
+    sg = wp.zeros((b, PACKET), dtype=wp.vec4, device=d)
+    wp.launch(_from_vs_single, b, [street.geo, wp.array(orgs.astype(np.float32), dtype=wp.vec3, device=d),
+                                   wp.array(dirs.astype(np.float32), dtype=wp.vec3, device=d), 200.0, n, pk, sg],
+              device=d)
+    p, s = pk.numpy()[:, :n], sg.numpy()[:, :n]
+    p[p[..., 1] < 0] = (-1.0, -1.0, 0.0, 0.0)
+    assert np.array_equal(p.view(np.uint32), s.view(np.uint32)), int(np.any(p != s, axis=-1).sum())
+    assert (s[2::3, :, 1] >= 0).mean() > 0.5 and (s[::3, [0, 4, 11, 15], 1] >= 0).mean() > 0.5
+    assert not (s[::3, 12, 1] >= 0).any()  # the NaN ray itself meets nothing

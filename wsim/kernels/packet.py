@@ -76,8 +76,8 @@ const int* F = fid.data;
 const float WIDEN = 1.0f + 4.76837158203125e-7f;
 #define VMAX(a, b) ({ const __typeof__(a) a_ = (a), b_ = (b); a_ > b_ ? a_ : b_; })
 #define VMIN(a, b) ({ const __typeof__(a) a_ = (a), b_ = (b); a_ < b_ ? a_ : b_; })
-// halving trees of vector min / max (a < b ? a : b: one instruction per step; __builtin_reduce_min / max
-// keep NaN rules that cost a scalar chain of compares here)
+// halving trees of vector min / max (one instruction a step; __builtin_reduce_min / max keep NaN rules that compiled
+// to a scalar chain of compares here); the values they reduce hold no NaN (see the bounds below)
 typedef float f8 __attribute__((ext_vector_type(8)));
 typedef float f4 __attribute__((ext_vector_type(4)));
 typedef float f2 __attribute__((ext_vector_type(2)));
@@ -235,8 +235,9 @@ const int nc = (na + RW - 1) / RW;
         cUni[c] = !anyr((kx != (ri)kx[0]) | (ky != (ri)ky[0]) | (kz != (ri)kz[0]));
         // the frustum over the chunk's active lanes
         for (int a = 0; a < 3; ++a) {
-            aSL[a] = valid ? VMIN(aSL[a], O[a]) : aSL[a];
-            aSH[a] = valid ? VMAX(aSH[a], O[a]) : aSH[a];
+            // (a NaN start point is passed over: VMIN / VMAX give their second operand when unordered)
+            aSL[a] = valid ? VMIN(O[a], aSL[a]) : aSL[a];
+            aSH[a] = valid ? VMAX(O[a], aSH[a]) : aSH[a];
             const ri fin = (R[a] - R[a] == VZ) & (W[a] - W[a] == VZ);
             const ri dr = valid & ~fin;
             const ri ps = valid & fin & (R[a] > VZ);
@@ -248,7 +249,7 @@ const int nc = (na + RW - 1) / RW;
             aFNL[a] = ng ? VMIN(aFNL[a], W[a]) : aFNL[a]; aFNH[a] = ng ? VMAX(aFNH[a], W[a]) : aFNH[a];
         }
     }
-    // (for finite rays no bound is NaN: the reciprocals that are not finite are dropped above)
+    // (no bound is NaN: NaN start points are passed over, the reciprocals that are not finite dropped above)
     auto hmin = [](rf x) -> float { return HTREE(x, VMIN); };
     auto hmax = [](rf x) -> float { return HTREE(x, VMAX); };
     for (int a = 0; a < 3; ++a) {
