@@ -333,6 +333,22 @@ auto leaf = [&](int slot, int code) -> bool {
         live[nl++] = c;
     }
     if (nl == 0) return false;
+    // the watertight test's edge functions from the sheared vertices (wide_closest's own expressions, no FMA) and
+    // which rays it lets through: inside all three edges or on them (not all zero), a non-zero determinant
+    auto edges = [&](rf Ax, rf Ay, rf Bx, rf By, rf Cx, rf Cy, rf& U, rf& V, rf& W) {
+#pragma clang fp contract(off)
+        U = Cx * By - Cy * Bx;
+        V = Ax * Cy - Ay * Cx;
+        W = Bx * Ay - By * Ax;
+    };
+    auto inside = [&](ri mask, rf U, rf V, rf W, rf& det) -> ri {
+        const ri out = ((U < RZERO) | (V < RZERO) | (W < RZERO)) & ((U > RZERO) | (V > RZERO) | (W > RZERO));
+        {
+#pragma clang fp contract(off)
+            det = U + V + W;
+        }
+        return mask & ~out & (det != RZERO);
+    };
     // a ray's triangle test once it is through the watertight test: the plane distance from the start point
     // (numerator, denominator: wide_closest's own scalar expression lane by lane, so it rounds alike) and the
     // nearest-hit update
@@ -375,20 +391,11 @@ auto leaf = [&](int slot, int code) -> bool {
                 rf U, V, W;
                 {
 #pragma clang fp contract(off)
-                    const rf Ax = (rf)ax - cSx[c] * az, Ay = (rf)ay - cSy[c] * az;
-                    const rf Bx = (rf)bx - cSx[c] * bz, By = (rf)by - cSy[c] * bz;
-                    const rf Cx = (rf)cx - cSx[c] * cz, Cy = (rf)cy - cSy[c] * cz;
-                    U = Cx * By - Cy * Bx;
-                    V = Ax * Cy - Ay * Cx;
-                    W = Bx * Ay - By * Ax;
+                    edges((rf)ax - cSx[c] * az, (rf)ay - cSy[c] * az, (rf)bx - cSx[c] * bz, (rf)by - cSy[c] * bz,
+                          (rf)cx - cSx[c] * cz, (rf)cy - cSy[c] * cz, U, V, W);
                 }
-                const ri out = ((U < RZERO) | (V < RZERO) | (W < RZERO)) & ((U > RZERO) | (V > RZERO) | (W > RZERO));
                 rf det;
-                {
-#pragma clang fp contract(off)
-                    det = U + V + W;
-                }
-                const ri through = bms[j] & ~out & (det != RZERO);
+                const ri through = inside(bms[j], U, V, W, det);
                 if (!anyr(through)) continue;
                 accept(c, k, through, (rf)num, U, V, det, nrm);
             }
@@ -405,12 +412,9 @@ auto leaf = [&](int slot, int code) -> bool {
 #pragma clang fp contract(off)
                 const int kx = cKX[c][0], ky = cKY[c][0], kz = cKZ[c][0];
                 const rf az = pa[kz] - cOkz[c], bz = pb[kz] - cOkz[c], cz = pc[kz] - cOkz[c];
-                const rf Ax = (pa[kx] - cOkx[c]) - cSx[c] * az, Ay = (pa[ky] - cOky[c]) - cSy[c] * az;
-                const rf Bx = (pb[kx] - cOkx[c]) - cSx[c] * bz, By = (pb[ky] - cOky[c]) - cSy[c] * bz;
-                const rf Cx = (pc[kx] - cOkx[c]) - cSx[c] * cz, Cy = (pc[ky] - cOky[c]) - cSy[c] * cz;
-                U = Cx * By - Cy * Bx;
-                V = Ax * Cy - Ay * Cx;
-                W = Bx * Ay - By * Ax;
+                edges((pa[kx] - cOkx[c]) - cSx[c] * az, (pa[ky] - cOky[c]) - cSy[c] * az,
+                      (pb[kx] - cOkx[c]) - cSx[c] * bz, (pb[ky] - cOky[c]) - cSy[c] * bz,
+                      (pc[kx] - cOkx[c]) - cSx[c] * cz, (pc[ky] - cOky[c]) - cSy[c] * cz, U, V, W);
             } else {
                 for (int l = 0; l < RW; ++l) {
                     const int kx = cKX[c][l], ky = cKY[c][l], kz = cKZ[c][l];
@@ -428,13 +432,8 @@ auto leaf = [&](int slot, int code) -> bool {
                     }
                 }
             }
-            const ri out = ((U < RZERO) | (V < RZERO) | (W < RZERO)) & ((U > RZERO) | (V > RZERO) | (W > RZERO));
             rf det;
-            {
-#pragma clang fp contract(off)
-                det = U + V + W;
-            }
-            const ri through = bm & ~out & (det != RZERO);
+            const ri through = inside(bm, U, V, W, det);
             if (!anyr(through)) continue;
             const vec3 nrm = cross(pb - pa, pc - pa);
             const rf NX = nrm[0], NY = nrm[1], NZ = nrm[2];
