@@ -128,15 +128,9 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
     c = lid.config
     lid.render(0.0, STEP).count  # warm-up: compile/load, tables, first allocations
     sync()
-    best, count = float("inf"), 0
-    for k in range(1, reps + 1):
-        t0 = time.perf_counter()
-        pc = lid.render(k * STEP, (k + 1) * STEP)
-        n = pc.count
+    for k in range(1, reps + 1):  # the sweeps the memory figures cover (timed below, in turn with the bare traces)
+        lid.render(k * STEP, (k + 1) * STEP).count
         sync()
-        dt = time.perf_counter() - t0
-        if dt < best:
-            best, count = dt, n
     rss_delta = _rss_mib() - rss0
 
     # Warp allocations during one more sweep
@@ -173,7 +167,7 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
     firings = ticks * c.number_of_emitters
     sub = 1 if c.ray_type.name == "IDEALIZED" else c.beam_samples
     out = dict(key=key, label=label, ray_type=c.ray_type.name, device=str(dev), threads=wlaunch.cpu_threads(),
-               sweep_s=best, reps=reps, points=count, ticks=ticks, emitters=c.number_of_emitters, firings=firings,
+               reps=reps, ticks=ticks, emitters=c.number_of_emitters, firings=firings,
                sub_rays=sub, max_returns=c.max_returns, rss_delta_mib=rss_delta, warp_peak_bytes=warp_peak,
                split=split)
 
@@ -193,21 +187,23 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
     # the reported sweep and bare times: sweeps and bare traces in turn, best of each (a busy spell on a shared
     # machine then slows both alike and their ratio holds; each render bounds the moving actors for its own
     # window, each bare trace for its rays' times, outside the timing)
-    best, bare_s = float("inf"), float("inf")
+    best, count, bare_s = float("inf"), 0, float("inf")
     for j in range(1, reps + 1):
         kj = k + j
         t_a = time.perf_counter()
         pc = lid.render(kj * STEP, (kj + 1) * STEP)
-        pc.count
+        n = pc.count
         sync()
-        best = min(best, time.perf_counter() - t_a)
+        dt = time.perf_counter() - t_a
+        if dt < best:
+            best, count = dt, n
         del pc
         geo.set_time_window(*bare_window)
         t_a = time.perf_counter()
         bare()
         sync()
         bare_s = min(bare_s, time.perf_counter() - t_a)
-    out.update(sweep_s=best, bare_s=bare_s, bare_rays=len(o))
+    out.update(sweep_s=best, points=count, bare_s=bare_s, bare_rays=len(o))
     if dev.is_cpu:
         verts, faces = raycast.flatten(scene, 0.5 * (t0 + t1))
         escene = raycast.embree_scene(verts, faces)
@@ -334,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         text += ["", "*Bare trace* = the sweep's first queries alone: the rays of `Lidar.firing_rays` for one step "
                  "(one per firing and sub-ray, world origin and direction at the firing's own time and pose) traced "
                  "by wsim's closest-hit kernel (`SceneGeometry.trace`, same threads, same time window), best of the "
-                 "same number of runs; the sweep time reported is the best of as many further sweeps, each followed "
-                 "by one bare trace (sweep and bare in turn: a busy spell on a shared machine slows both alike). "
+                 "same number of runs, each right after one of the timed sweeps (sweep and bare in turn: a busy "
+                 "spell on a shared machine slows both alike). "
                  "*sweep / bare* is what the sensor costs on top of tracing its rays: schedule, "
                  "poses, further queries behind transmissive surfaces and for later echoes, echo merging, intensity, "
                  "output frame, every channel written, compaction."]
