@@ -646,9 +646,43 @@ def wide_packet_at(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.arr
     ...
 
 
+def _shuffles16() -> str:
+    """C++ (CPU) for 16 rows of three 4-byte values: ``SPLIT16(q, x, y, z)`` splits them, loaded as three vectors of
+    16 (``q[0..2]``: the rows' 48 values in order), into a vector per component; ``JOIN16(x, y, z, q)`` is its
+    inverse. Two shuffles a vector (the index lists made here)."""
+    def split(comp):
+        g = [3 * lane + comp for lane in range(16)]
+        first = [x if x < 32 else 0 for x in g]
+        second = [lane if x < 32 else 16 + x - 32 for lane, x in enumerate(g)]
+        return first, second
+
+    def join(chunk):
+        g = [16 * chunk + e for e in range(16)]
+        first = [r // 3 + (16 if r % 3 == 1 else 0) if r % 3 < 2 else 0 for r in g]
+        second = [e if r % 3 < 2 else 16 + r // 3 for e, r in enumerate(g)]
+        return first, second
+
+    lst = lambda v: ", ".join(str(x) for x in v)  # noqa: E731
+    out = ["#define SPLIT16(q, x, y, z) do { \\"]
+    for comp, name in enumerate("xyz"):
+        a, b = split(comp)
+        out.append(f"    {name} = __builtin_shufflevector(__builtin_shufflevector(q[0], q[1], {lst(a)}), q[2], {lst(b)}); \\")
+    out.append("} while (0)")
+    out.append("#define JOIN16(x, y, z, q) do { \\")
+    for chunk in range(3):
+        a, b = join(chunk)
+        out.append(f"    q[{chunk}] = __builtin_shufflevector(__builtin_shufflevector(x, y, {lst(a)}), z, {lst(b)}); \\")
+    out.append("} while (0)")
+    return "\n".join(out) + "\n"
+
+
+_SHUFFLES16 = _shuffles16()
+
+
 #: The unit directions of a group of rays, 16 at a time (as many as AVX-512 takes; 8 or 4 per instruction elsewhere):
 #: each row rounds as ``wp.normalize`` rounds it (the length from ``x·x + y·y + z·z`` in that order, no fused
-#: multiply-add; each component divided by it; zero where the length is not positive).
+#: multiply-add; each component divided by it; zero where the length is not positive). 16 rays in a row of the array
+#: (a camera tile's run of an image row) are loaded as three vectors and split (``SPLIT16``), others one by one.
 _UNIT_DIRS = r"""
 wp::mat_t<64, 3, float> r;
 const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
@@ -659,17 +693,29 @@ for (int k = 0; k < M; ++k) {
 }
 #else
 typedef float v16 __attribute__((ext_vector_type(16)));
+typedef int i16 __attribute__((ext_vector_type(16)));
+@SHUFFLES16@
+const i16 IOTA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 for (int c = 0; c < M; c += 16) {
-    float gx[16], gy[16], gz[16];
-#pragma clang loop vectorize(disable)  // (not as vector gathers: slow where they are microcoded, as on AMD)
-    for (int l = 0; l < 16; ++l) {
-        const wp::vec3& d = wp::index(directions, idx.c[c + l < M ? c + l : c]);
-        gx[l] = d[0]; gy[l] = d[1]; gz[l] = d[2];
-    }
     v16 x, y, z;
-    __builtin_memcpy(&x, gx, sizeof(v16));
-    __builtin_memcpy(&y, gy, sizeof(v16));
-    __builtin_memcpy(&z, gz, sizeof(v16));
+    i16 ids;
+    if (c + 16 <= M) __builtin_memcpy(&ids, &idx.c[c], sizeof(i16));
+    if (c + 16 <= M && directions.strides[0] == (int)sizeof(wp::vec3) && !__builtin_reduce_or(ids != ids[0] + IOTA)) {
+        // 16 rays in a row (a tile's run of a row): three vector loads, split into components
+        v16 q[3];
+        __builtin_memcpy(q, &wp::index(directions, ids[0]), sizeof(q));
+        SPLIT16(q, x, y, z);
+    } else {
+        float gx[16], gy[16], gz[16];
+#pragma clang loop vectorize(disable)  // (not as vector gathers: slow where they are microcoded, as on AMD)
+        for (int l = 0; l < 16; ++l) {
+            const wp::vec3& d = wp::index(directions, idx.c[c + l < M ? c + l : c]);
+            gx[l] = d[0]; gy[l] = d[1]; gz[l] = d[2];
+        }
+        __builtin_memcpy(&x, gx, sizeof(v16));
+        __builtin_memcpy(&y, gy, sizeof(v16));
+        __builtin_memcpy(&z, gz, sizeof(v16));
+    }
     v16 s;
     {
 #pragma clang fp contract(off)
@@ -681,12 +727,18 @@ for (int c = 0; c < M; c += 16) {
     x = ok ? x / len : ZERO;
     y = ok ? y / len : ZERO;
     z = ok ? z / len : ZERO;
-    __builtin_memcpy(gx, &x, sizeof(v16));
-    __builtin_memcpy(gy, &y, sizeof(v16));
-    __builtin_memcpy(gz, &z, sizeof(v16));
-    const int n = M - c < 16 ? M - c : 16;
-    for (int l = 0; l < n; ++l) {
-        r.data[c + l][0] = gx[l]; r.data[c + l][1] = gy[l]; r.data[c + l][2] = gz[l];
+    if (c + 16 <= M) {
+        v16 q[3];
+        JOIN16(x, y, z, q);
+        __builtin_memcpy(&r.data[c][0], q, sizeof(q));
+    } else {
+        float gx[16], gy[16], gz[16];
+        __builtin_memcpy(gx, &x, sizeof(v16));
+        __builtin_memcpy(gy, &y, sizeof(v16));
+        __builtin_memcpy(gz, &z, sizeof(v16));
+        for (int l = 0; l < M - c; ++l) {
+            r.data[c + l][0] = gx[l]; r.data[c + l][1] = gy[l]; r.data[c + l][2] = gz[l];
+        }
     }
 }
 #endif
@@ -694,7 +746,7 @@ return r;
 """
 
 
-@wp.func_native(_UNIT_DIRS)
+@wp.func_native(_UNIT_DIRS.replace("@SHUFFLES16@", _SHUFFLES16))
 def unit_dirs(directions: wp.array[wp.vec3], idx: vec64i, m: int) -> mat64x3:
     """Rows ``k < m``: ``wp.normalize(directions[idx[k]])``, the same bits (zero where the direction has no
     positive length); the other rows zero. Vectorised on the CPU."""
@@ -706,7 +758,7 @@ def unit_dirs(directions: wp.array[wp.vec3], idx: vec64i, m: int) -> mat64x3:
 #: same float bits), lie within ``packet_cos`` of the first ray's direction and in its octant (every component's
 #: product with the first's positive), and are more than one; bit 2 when all lie within ``list_cos`` of the first,
 #: bit 4 within ``whole_cos``; bit 8 when their times have the same bits. A NaN cosine fails no test (as ``c <
-#: cos``); the cosine rounds as ``wp.dot`` rounds it.
+#: cos``); the cosine rounds as ``wp.dot`` rounds it. Runs of 16 rays in a row are loaded as vectors.
 _GROUP_KIND = r"""
 const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
 if (M == 0) return 2 | 4 | 8;
@@ -737,27 +789,53 @@ __builtin_memcpy(&tb, &t0, sizeof(tb));
 typedef float v16 __attribute__((ext_vector_type(16)));
 typedef int i16 __attribute__((ext_vector_type(16)));
 i16 bad_shared = 0, bad_narrow = 0, bad_whole = 0, bad_time = 0;
+@SHUFFLES16@
+const i16 IOTA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+// the first origin's bits repeated: 16 rows of (x, y, z) as three vectors
+i16 OB[3];
+{
+    int rep[48];
+    for (int e = 0; e < 48; ++e) rep[e] = ob[e % 3];
+    __builtin_memcpy(OB, rep, sizeof(OB));
+}
 for (int c = 0; c < M; c += 16) {
-    float gx[16], gy[16], gz[16];
-    int gp[3][16], gt[16];
-#pragma clang loop vectorize(disable)  // (scalar loads, not vector gathers)
-    for (int l = 0; l < 16; ++l) {
-        const int k = c + l < M ? c + l : c;  // (the padding repeats a ray of the group: it changes no test)
-        const int i = idx.c[k];
-        gx[l] = dirs.data[k][0]; gy[l] = dirs.data[k][1]; gz[l] = dirs.data[k][2];
-        const int* p = (const int*)&wp::index(origins, i);
-        gp[0][l] = p[0]; gp[1][l] = p[1]; gp[2][l] = p[2];
-        __builtin_memcpy(&gt[l], &wp::index(times, i), sizeof(int));
-    }
     v16 x, y, z;
-    i16 px, py, pz, t;
-    __builtin_memcpy(&x, gx, sizeof(v16));
-    __builtin_memcpy(&y, gy, sizeof(v16));
-    __builtin_memcpy(&z, gz, sizeof(v16));
-    __builtin_memcpy(&px, gp[0], sizeof(i16));
-    __builtin_memcpy(&py, gp[1], sizeof(i16));
-    __builtin_memcpy(&pz, gp[2], sizeof(i16));
-    __builtin_memcpy(&t, gt, sizeof(i16));
+    i16 bad_org, t;
+    i16 ids;
+    if (c + 16 <= M) __builtin_memcpy(&ids, &idx.c[c], sizeof(i16));
+    if (c + 16 <= M && !__builtin_reduce_or(ids != ids[0] + IOTA) &&
+        origins.strides[0] == (int)sizeof(wp::vec3) && times.strides[0] == (int)sizeof(float)) {
+        // 16 rays in a row (a tile's run of a row): vector loads; the origins' 48 values compared as laid out with
+        // the first origin's repeated
+        v16 q[3];
+        __builtin_memcpy(q, &dirs.data[c][0], sizeof(q));
+        SPLIT16(q, x, y, z);
+        i16 qo[3];
+        __builtin_memcpy(qo, &wp::index(origins, ids[0]), sizeof(qo));
+        bad_org = (qo[0] != OB[0]) | (qo[1] != OB[1]) | (qo[2] != OB[2]);
+        __builtin_memcpy(&t, &wp::index(times, ids[0]), sizeof(i16));
+    } else {
+        float gx[16], gy[16], gz[16];
+        int gp[3][16], gt[16];
+#pragma clang loop vectorize(disable)  // (scalar loads, not vector gathers)
+        for (int l = 0; l < 16; ++l) {
+            const int k = c + l < M ? c + l : c;  // (the padding repeats a ray of the group: it changes no test)
+            const int i = idx.c[k];
+            gx[l] = dirs.data[k][0]; gy[l] = dirs.data[k][1]; gz[l] = dirs.data[k][2];
+            const int* p = (const int*)&wp::index(origins, i);
+            gp[0][l] = p[0]; gp[1][l] = p[1]; gp[2][l] = p[2];
+            __builtin_memcpy(&gt[l], &wp::index(times, i), sizeof(int));
+        }
+        __builtin_memcpy(&x, gx, sizeof(v16));
+        __builtin_memcpy(&y, gy, sizeof(v16));
+        __builtin_memcpy(&z, gz, sizeof(v16));
+        i16 px, py, pz;
+        __builtin_memcpy(&px, gp[0], sizeof(i16));
+        __builtin_memcpy(&py, gp[1], sizeof(i16));
+        __builtin_memcpy(&pz, gp[2], sizeof(i16));
+        __builtin_memcpy(&t, gt, sizeof(i16));
+        bad_org = (px != ob[0]) | (py != ob[1]) | (pz != ob[2]);
+    }
     v16 cs, sx, sy, sz;
     {
 #pragma clang fp contract(off)
@@ -767,8 +845,7 @@ for (int c = 0; c < M; c += 16) {
     const v16 ZERO = 0.0f;
     bad_narrow |= cs < list_cos;
     bad_whole |= cs < whole_cos;
-    bad_shared |= (px != ob[0]) | (py != ob[1]) | (pz != ob[2]) | (cs < packet_cos) | (sx <= ZERO) | (sy <= ZERO) |
-                  (sz <= ZERO);
+    bad_shared |= bad_org | (cs < packet_cos) | (sx <= ZERO) | (sy <= ZERO) | (sz <= ZERO);
     bad_time |= t != tb;
 }
 const bool shared = M > 1 && !__builtin_reduce_or(bad_shared);
@@ -778,7 +855,7 @@ return (shared ? 1 : 0) | (__builtin_reduce_or(bad_narrow) ? 0 : 2) | (__builtin
 """
 
 
-@wp.func_native(_GROUP_KIND)
+@wp.func_native(_GROUP_KIND.replace("@SHUFFLES16@", _SHUFFLES16))
 def group_kind(origins: wp.array[wp.vec3], times: wp.array[float], dirs: mat64x3, idx: vec64i, m: int,
                packet_cos: float, list_cos: float, whole_cos: float) -> int:
     """How rays ``idx[k]``, ``k < m``, with unit directions ``dirs[k]`` (:func:`unit_dirs`), may be traced

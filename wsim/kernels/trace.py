@@ -820,6 +820,44 @@ def tile_indices(t: int, rows: int, cols: int, tile_rows: int, tile_cols: int):
     return _tile_rays(t, rows, cols, tile_rows, tile_cols), m
 
 
+#: Tiles ahead whose rays :func:`prefetch_tile` asks the CPU to fetch. Measured, 1080p camera rays, synthetic scene,
+#: one thread, brief records: with the vector loads of a tile's runs (:func:`unit_dirs`, :func:`group_kind`) 39-41 ms
+#: -> 32-36 ms at 2 tiles ahead, 4 the same; without the prefetch the vector loads alone gain nothing (the rays'
+#: loads alone, without tracing: 15 -> 11 ms).
+PREFETCH_AHEAD = 2
+
+
+@wp.func_native(r"""
+#if !defined(__CUDA_ARCH__)
+const int per_row = (cols + tile_cols - 1) / tile_cols;
+const int tr = t / per_row;
+const int r0 = tr * tile_rows, c0 = (t - tr * per_row) * tile_cols;
+if (r0 < rows && c0 < cols) {
+    const int nr = rows - r0 < tile_rows ? rows - r0 : tile_rows;
+    const int nc = cols - c0 < tile_cols ? cols - c0 : tile_cols;
+    // the cache lines of `count` values from value `first` on (their last byte: that of the last value)
+    auto fetch = [](const char* p, long long stride, long long first, int count, int size) {
+        const unsigned long long a = (unsigned long long)(p + first * stride);
+        const unsigned long long b = (unsigned long long)(p + (first + count - 1) * stride + size - 1);
+        for (unsigned long long line = a & ~63ull; line <= b; line += 64) __builtin_prefetch((const char*)line, 0, 3);
+    };
+    for (int j = 0; j < nr; ++j) {
+        const long long first = (long long)(r0 + j) * cols + c0;
+        fetch((const char*)directions.data, directions.strides[0], first, nc, 12);
+        fetch((const char*)origins.data, origins.strides[0], first, nc, 12);
+        fetch((const char*)times.data, times.strides[0], first, nc, 4);
+    }
+}
+#endif
+""")
+def prefetch_tile(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], times: wp.array[float], t: int, rows: int,
+                  cols: int, tile_rows: int, tile_cols: int):
+    """Ask the CPU to fetch the origins, directions and times of tile ``t`` (:func:`tile_indices`; none past the
+    grid) into its caches; the tiles' rays lie in ``tile_rows`` runs of the arrays, which the hardware's own
+    prefetch follows poorly. Nothing on CUDA."""
+    ...
+
+
 @wp.kernel
 def trace_closest_tiles_kernel(
     geo: SceneGeo,
@@ -839,7 +877,9 @@ def trace_closest_tiles_kernel(
     azimuths × elevations), a tile of ``tile_rows`` × ``tile_cols`` neighbours (at most 64) as one group
     (:func:`_trace_group`; CPU, ``geo.use_wide``): neighbours in two directions make a narrower packet than a run of
     one row."""
-    idx, m = tile_indices(wp.tid() + offset, rows, cols, tile_rows, tile_cols)
+    t = wp.tid() + offset
+    prefetch_tile(origins, directions, times, t + PREFETCH_AHEAD, rows, cols, tile_rows, tile_cols)
+    idx, m = tile_indices(t, rows, cols, tile_rows, tile_cols)
     _trace_group(geo, origins, directions, times, t_min, t_max, idx, m, hits)
 
 
