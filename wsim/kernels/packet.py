@@ -676,7 +676,8 @@ def _shuffles16() -> str:
     return "\n".join(out) + "\n"
 
 
-_SHUFFLES16 = _shuffles16()
+#: C++ macros SPLIT16 and JOIN16 (see :func:`_shuffles16`) for the CPU snippets here and in trace.py.
+SHUFFLES16 = _shuffles16()
 
 
 #: The unit directions of a group of rays, 16 at a time (as many as AVX-512 takes; 8 or 4 per instruction elsewhere):
@@ -746,7 +747,7 @@ return r;
 """
 
 
-@wp.func_native(_UNIT_DIRS.replace("@SHUFFLES16@", _SHUFFLES16))
+@wp.func_native(_UNIT_DIRS.replace("@SHUFFLES16@", SHUFFLES16))
 def unit_dirs(directions: wp.array[wp.vec3], idx: vec64i, m: int) -> mat64x3:
     """Rows ``k < m``: ``wp.normalize(directions[idx[k]])``, the same bits (zero where the direction has no
     positive length); the other rows zero. Vectorised on the CPU."""
@@ -855,7 +856,7 @@ return (shared ? 1 : 0) | (__builtin_reduce_or(bad_narrow) ? 0 : 2) | (__builtin
 """
 
 
-@wp.func_native(_GROUP_KIND.replace("@SHUFFLES16@", _SHUFFLES16))
+@wp.func_native(_GROUP_KIND.replace("@SHUFFLES16@", SHUFFLES16))
 def group_kind(origins: wp.array[wp.vec3], times: wp.array[float], dirs: mat64x3, idx: vec64i, m: int,
                packet_cos: float, list_cos: float, whole_cos: float) -> int:
     """How rays ``idx[k]``, ``k < m``, with unit directions ``dirs[k]`` (:func:`unit_dirs`), may be traced

@@ -8,7 +8,7 @@ from typing import Any
 
 import warp as wp
 
-from .packet import group_kind, mat64x3, mat64x4, unit_dirs, vec64f, vec64i, wide_packet16, wide_packet_at
+from .packet import SHUFFLES16, group_kind, mat64x3, mat64x4, unit_dirs, vec64f, vec64i, wide_packet16, wide_packet_at
 from .pose import difference_window, sample_keys
 from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
@@ -362,25 +362,95 @@ def cone_instances(geo: SceneGeo, origin: wp.vec3, axis: wp.vec3, tan_cone: floa
     return out
 
 
+_CONE_OF = r"""
+#if defined(__CUDA_ARCH__)
+float ax = 0.0f, ay = 0.0f, az = 0.0f;
+for (int j = 0; j < n; ++j) {
+    if (ok.c[j] != 0.0f) { ax += dirs.data[j][0]; ay += dirs.data[j][1]; az += dirs.data[j][2]; }
+}
+const float len = sqrtf(ax * ax + ay * ay + az * az);
+if (!(len > 0.0f)) return wp::vec4(0.0f, 0.0f, 0.0f, -2.0f);
+ax /= len; ay /= len; az /= len;
+float cmin = 1.0f;
+for (int j = 0; j < n; ++j) {
+    const float c = ax * dirs.data[j][0] + ay * dirs.data[j][1] + az * dirs.data[j][2];
+    if (ok.c[j] != 0.0f) cmin = cmin < c ? cmin : c;
+}
+return wp::vec4(ax, ay, az, cmin);
+#else
+typedef float v16 __attribute__((ext_vector_type(16)));
+typedef int i16 __attribute__((ext_vector_type(16)));
+typedef float v8 __attribute__((ext_vector_type(8)));
+typedef float v4 __attribute__((ext_vector_type(4)));
+@SHUFFLES16@
+const int N = n < 0 ? 0 : (n > 64 ? 64 : n);
+const int nc = (N + 15) / 16;
+const i16 IOTA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+const v16 ZERO = 0.0f;
+auto hsum = [](v16 v) -> float {
+    const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+};
+v16 X[4], Y[4], Z[4];
+i16 MK[4];
+v16 sx = ZERO, sy = ZERO, sz = ZERO;
+for (int c = 0; c < nc; ++c) {
+    v16 q[3];
+    __builtin_memcpy(q, &dirs.data[16 * c][0], sizeof(q));
+    SPLIT16(q, X[c], Y[c], Z[c]);
+    v16 okv;
+    __builtin_memcpy(&okv, &ok.c[16 * c], sizeof(v16));
+    MK[c] = (okv != ZERO) & ((16 * c + IOTA) < N);
+    sx += MK[c] ? X[c] : ZERO;
+    sy += MK[c] ? Y[c] : ZERO;
+    sz += MK[c] ? Z[c] : ZERO;
+}
+float ax = hsum(sx), ay = hsum(sy), az = hsum(sz);
+float len;
+{
+#pragma clang fp contract(off)
+    len = __builtin_sqrtf(ax * ax + ay * ay + az * az);
+}
+if (!(len > 0.0f)) return wp::vec4(0.0f, 0.0f, 0.0f, -2.0f);
+ax /= len; ay /= len; az /= len;
+v16 cm = 1.0f;
+i16 nan = 0;
+for (int c = 0; c < nc; ++c) {
+    v16 d;
+    {
+#pragma clang fp contract(off)
+        d = X[c] * ax + Y[c] * ay + Z[c] * az;
+    }
+    nan |= MK[c] & (d != d);
+    cm = MK[c] ? (cm < d ? cm : d) : cm;
+}
+float cmin = 1.0f;
+for (int l = 0; l < 16; ++l) cmin = cmin < cm[l] ? cmin : cm[l];
+return wp::vec4(ax, ay, az, __builtin_reduce_or(nan) ? __builtin_nanf("") : cmin);
+#endif
+"""
+
+
+@wp.func_native(_CONE_OF.replace("@SHUFFLES16@", SHUFFLES16))
+def cone_of(dirs: mat64x3, n: int, ok: vec64f) -> wp.vec4:
+    """A cone around the mean direction of unit ``dirs[k]``, ``k < n`` with ``ok[k]`` != 0, that holds them:
+    (its unit axis, the least cosine of a ray to it); cosine −2 where there is no such ray (or the directions sum to
+    zero), NaN where a cosine is NaN. Vectorised on the CPU."""
+    ...
+
+
 @wp.func(inline=True)
 def packet_instances(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, ok: vec64f) -> Listed:
     """:func:`cone_instances` for the rays ``k < n`` with ``ok[k]`` != 0 from ``origin`` along unit ``dirs[k]``: a
-    cone around their mean direction that holds them all, of at most 60° (a wider one, or no ray: ``n`` = −1, not
-    listed)."""
+    cone around their mean direction that holds them all (:func:`cone_of`), of at most 60° (a wider one, or no ray:
+    ``n`` = −1, not listed)."""
     listed = Listed()
     listed.n = -1
-    axis = wp.vec3(0.0)
-    for j in range(n):
-        if ok[j] != 0.0:
-            axis += wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])
-    if wp.length(axis) > 0.0:
-        axis = wp.normalize(axis)
-        cmin = float(1.0)
-        for j in range(n):
-            if ok[j] != 0.0:
-                cmin = wp.min(cmin, wp.dot(axis, wp.vec3(dirs[j, 0], dirs[j, 1], dirs[j, 2])))
-        if cmin > 0.5:  # a cone of at most 60 degrees
-            listed = cone_instances(geo, origin, axis, wp.sqrt(1.0 - cmin * cmin) / cmin)
+    cone = cone_of(dirs, n, ok)
+    cmin = cone[3]
+    if cmin > 0.5:  # a cone of at most 60 degrees
+        listed = cone_instances(geo, origin, wp.vec3(cone[0], cone[1], cone[2]), wp.sqrt(1.0 - cmin * cmin) / cmin)
     return listed
 
 
