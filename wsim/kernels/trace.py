@@ -491,6 +491,70 @@ def ray_box_entry(origin: wp.vec3, rcp: wp.vec3, lo: wp.vec3, hi: wp.vec3, max_d
     return hit
 
 
+_BOX_ENTRIES = r"""
+wp::vec_t<64, float> out;
+const int N = n < 0 ? 0 : (n > 64 ? 64 : n);
+#if defined(__CUDA_ARCH__)
+for (int k = 0; k < N; ++k) {
+    if (active.c[k] == 0) continue;
+    const wp::vec3 rcp(1.0f / dirs.data[k][0], 1.0f / dirs.data[k][1], 1.0f / dirs.data[k][2]);
+    float lmin = 0.0f, lmax = 0.0f;
+    for (int a = 0; a < 3; ++a) {
+        const float l1 = (lo[a] - origin[a]) * rcp[a], l2 = (hi[a] - origin[a]) * rcp[a];
+        const float mn = wp::min(l1, l2), mx = wp::max(l1, l2);
+        lmin = a == 0 ? mn : wp::max(mn, lmin);
+        lmax = a == 0 ? mx : wp::min(mx, lmax);
+    }
+    if (lmax >= 0.0f && lmax >= lmin && !(lmin >= bt.c[k])) out.c[k] = bt.c[k] - t_min.c[k];
+}
+#else
+typedef float v16 __attribute__((ext_vector_type(16)));
+typedef int i16 __attribute__((ext_vector_type(16)));
+@SHUFFLES16@
+// Warp's float min / max (C's fmin / fmax: a NaN operand is dropped), lane by lane
+#define FMINV(a, b) ({ const v16 a_ = (a), b_ = (b); (a_ <= b_) ? a_ : ((b_ == b_) ? b_ : a_); })
+#define FMAXV(a, b) ({ const v16 a_ = (a), b_ = (b); (a_ >= b_) ? a_ : ((b_ == b_) ? b_ : a_); })
+const i16 IOTA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+const v16 ZERO = 0.0f, ONE = 1.0f;
+const float nx = lo[0] - origin[0], ny = lo[1] - origin[1], nz = lo[2] - origin[2];
+const float fx = hi[0] - origin[0], fy = hi[1] - origin[1], fz = hi[2] - origin[2];
+for (int c = 0; c * 16 < N; ++c) {
+    v16 q[3], x, y, z, b, t0;
+    __builtin_memcpy(q, &dirs.data[16 * c][0], sizeof(q));
+    SPLIT16(q, x, y, z);
+    __builtin_memcpy(&b, &bt.c[16 * c], sizeof(v16));
+    __builtin_memcpy(&t0, &t_min.c[16 * c], sizeof(v16));
+    i16 act;
+    __builtin_memcpy(&act, &active.c[16 * c], sizeof(i16));
+    const v16 rx = ONE / x, ry = ONE / y, rz = ONE / z;
+    v16 l1 = nx * rx, l2 = fx * rx;
+    v16 lmin = FMINV(l1, l2), lmax = FMAXV(l1, l2);
+    l1 = ny * ry; l2 = fy * ry;
+    lmin = FMAXV(FMINV(l1, l2), lmin);
+    lmax = FMINV(FMAXV(l1, l2), lmax);
+    l1 = nz * rz; l2 = fz * rz;
+    lmin = FMAXV(FMINV(l1, l2), lmin);
+    lmax = FMINV(FMAXV(l1, l2), lmax);
+    const i16 hit = (lmax >= ZERO) & (lmax >= lmin) & ~(lmin >= b) & (act != 0) & ((16 * c + IOTA) < N);
+    const v16 r = hit ? b - t0 : ZERO;
+    __builtin_memcpy(&out.c[16 * c], &r, sizeof(v16));
+}
+#undef FMINV
+#undef FMAXV
+#endif
+return out;
+"""
+
+
+@wp.func_native(_BOX_ENTRIES.replace("@SHUFFLES16@", SHUFFLES16))
+def box_entries(origin: wp.vec3, dirs: mat64x3, n: int, active: vec64i, lo: wp.vec3, hi: wp.vec3, bt: vec64f,
+                t_min: vec64f) -> vec64f:
+    """Per ray ``k < n`` from ``origin`` along unit ``dirs[k]`` with ``active[k]`` != 0: ``bt[k] − t_min[k]`` where
+    :func:`ray_box_entry` (its very arithmetic, 1/direction included) says the ray meets the box ``lo``..``hi``
+    before ``bt[k]`` [m], else 0. Vectorised on the CPU."""
+    ...
+
+
 @wp.func(inline=True)
 def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, time: float,
                        w: wp.vec4, listed: Listed) -> Hit:
@@ -544,16 +608,12 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_min: 
     lo = vec64f()
     for j in range(listed.n):
         idx = listed.idx[j]
-        hi = vec64f()
+        hi = box_entries(origin, dirs, n, active, geo.inst_lo[idx], geo.inst_hi[idx], bt, t_min)
         meets = int(0)
         for k in range(n):
-            if active[k] != 0:
-                d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
-                rcp = wp.vec3(1.0 / d[0], 1.0 / d[1], 1.0 / d[2])
-                if ray_box_entry(origin, rcp, geo.inst_lo[idx], geo.inst_hi[idx], bt[k]) != 0:
-                    hi[k] = bt[k] - t_min[k]
-                    meets += 1
-        if meets == 0:
+            if hi[k] > 0.0:
+                meets = 1
+        if meets == 0:  # (no ray enters the box: the instance can change no ray's answer)
             continue
         xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
                          geo.inst_key_count[idx], time)
