@@ -545,14 +545,15 @@ return res;
 """
 
 
-#: Where each ray starts: ``org + dirs[k]·t_min[k]`` (one origin), ``orgs[k] + dirs[k]·t_min[k]`` ("from") or
-#: ``orgs[k]`` ("at"), computed as ``wide_closest``'s callers compute it (the product rounded before the sum).
+#: Where each ray starts: ``org + dirs[k]·t_min[k]`` (one origin), ``orgs[k] + dirs[k]·t_min[k]`` ("from"),
+#: ``orgs[k]`` ("at") or ``org`` ("shared": every ray at the very same point), computed as ``wide_closest``'s callers compute it (the product rounded before the sum).
 _START = {
     "one": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
            "    const rf P = D[a] * T;\n    O[a] = (rf)org[a] + P;\n}",
     "from": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
             "    const rf P = D[a] * T;\n    O[a] = G[a] + P;\n}",
     "at": "for (int a = 0; a < 3; ++a) O[a] = G[a];",
+    "shared": "for (int a = 0; a < 3; ++a) O[a] = (rf)org[a];",
 }
 
 
@@ -561,10 +562,11 @@ def _packet_source(lanes: str, origins: str) -> str:
     starting where ``origins`` says (:data:`_START`)."""
     width = ("#define RW 8" if lanes == "8" else
              "#if defined(__AVX512F__)\n#define RW 16\n#else\n#define RW 8\n#endif")
-    gather = "" if origins == "one" else r"gO[0][l] = orgs.data[\1][0]; gO[1][l] = orgs.data[\1][1]; gO[2][l] = orgs.data[\1][2];"
+    one = origins in ("one", "shared")  # an origin for all rays, not a row each
+    gather = "" if one else r"gO[0][l] = orgs.data[\1][0]; gO[1][l] = orgs.data[\1][1]; gO[2][l] = orgs.data[\1][2];"
     src = re.sub(r"@GATHER_ORG\((.*?)\)@", gather, _PACKET_LANES)
-    src = src.replace("@FAST_ORG@", "" if origins == "one" else "deinterleave(&orgs.data[c0][0], G);")
-    src = src.replace("@LOAD_ORG@", "" if origins == "one" else
+    src = src.replace("@FAST_ORG@", "" if one else "deinterleave(&orgs.data[c0][0], G);")
+    src = src.replace("@LOAD_ORG@", "" if one else
                       "for (int a = 0; a < 3; ++a) __builtin_memcpy(&G[a], gO[a], sizeof(rf));")
     return src.replace("@LANES@", width).replace("@START@", _START[origins].replace("\n", "\n            "))
 
@@ -643,6 +645,20 @@ def wide_packet_at(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.arr
     frame). Row k is exactly :func:`wsim.kernels.widebvh.wide_closest_from` of that ray alone (``org`` = ``orgs[k]``,
     ``max_t`` = ``t_max[k] − t_min[k]``): (t, slot, u, v), slot −1 for a miss. CPU only: on CUDA every row is a
     miss."""
+    ...
+
+
+_PACKET_SHARED_AT = _packet_source("16", "shared").replace("int ref = 0, slot = 0;", "int ref = root, slot = 0;")
+assert "int ref = root" in _PACKET_SHARED_AT
+
+
+@wp.func_native(_PACKET_SHARED_AT)
+def wide_packet16_shared_at(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
+                            v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], root: int,
+                            org: wp.vec3, dirs: mat64x3, t_min: vec64f, t_max: vec64f, n: int) -> mat64x4:
+    """:func:`wide_packet_at` for rays that all start at ``org`` exactly (a camera tile's rays in an instance's
+    frame), the same rows bit for bit, tested 16 at a time at the leaves where the CPU has 512-bit vectors. CPU
+    only: on CUDA every row is a miss."""
     ...
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import warp as wp
 
-from .packet import SHUFFLES16, group_kind, mat64x3, mat64x4, unit_dirs, vec64f, vec64i, wide_packet16, wide_packet_at
+from .packet import (SHUFFLES16, group_kind, mat64x3, mat64x4, unit_dirs, vec64f, vec64i, wide_packet16,
+                     wide_packet16_shared_at, wide_packet_at)
 from .pose import difference_window, sample_keys
 from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
@@ -555,6 +556,22 @@ def box_entries(origin: wp.vec3, dirs: mat64x3, n: int, active: vec64i, lo: wp.v
     ...
 
 
+@wp.func_native(r"""
+const int N = n < 0 ? 0 : (n > 64 ? 64 : n);
+int first = -1;
+for (int k = 0; k < N; ++k) {
+    if (!(hi.c[k] > 0.0f)) continue;
+    if (first < 0) { first = k; continue; }
+    if (__builtin_memcmp(&rows.data[k][0], &rows.data[first][0], 3 * sizeof(float)) != 0) return -1;
+}
+return first;
+""")
+def shared_row(rows: mat64x3, hi: vec64f, n: int) -> int:
+    """The first row ``k < n`` with ``hi[k]`` > 0 where every such row holds the very same bits, else −1 (none, or
+    rows that differ)."""
+    ...
+
+
 @wp.func(inline=True)
 def closest_hit_listed(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, time: float,
                        w: wp.vec4, listed: Listed) -> Hit:
@@ -628,8 +645,16 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_min: 
                     orgs[k, c] = lo_k[c]
                     lds[k, c] = ld_k[c]
         if root >= 0:
-            w = wide_packet_at(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0, geo.proto_wide_v1,
-                               geo.proto_wide_v2, geo.proto_wide_fid, root, orgs, lds, lo, hi, n)
+            first = int(-1)
+            if n > 32:  # (a beam's 19 sub-rays: 8 a time, as wide_packet_at tests them)
+                first = shared_row(orgs, hi, n)
+            if first >= 0:  # every ray from the same point (from 0, at one time): one origin, 16 rays a time
+                w = wide_packet16_shared_at(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0,
+                                            geo.proto_wide_v1, geo.proto_wide_v2, geo.proto_wide_fid, root,
+                                            wp.vec3(orgs[first, 0], orgs[first, 1], orgs[first, 2]), lds, lo, hi, n)
+            else:
+                w = wide_packet_at(geo.proto_wide_boxes, geo.proto_wide_child, geo.proto_wide_v0, geo.proto_wide_v1,
+                                   geo.proto_wide_v2, geo.proto_wide_fid, root, orgs, lds, lo, hi, n)
             for k in range(n):
                 if hi[k] > 0.0 and w[k, 1] >= 0.0:
                     s = wide_slot(w[k, 1])
