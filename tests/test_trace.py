@@ -441,7 +441,7 @@ def test_wide_bvh_matches_mesh_query_ray():
 
 def test_wide_bvh_leaves_of_five_to_eight_triangles_match_leaves_of_two():
     """Binary leaves of up to 8 triangles become wide leaves that the traversal tests in two groups of 4 SIMD lanes:
-    every ray's (t, face, u, v) and normal equal those of the default tree (leaves of at most 4, one group) bit for bit
+    every ray's (t, face, u, v) and normal equal those of the default tree (leaves of at most 3, one group) bit for bit
     (the same float operations per triangle; equal distances go to the smaller face either way)."""
     from wsim.scene.widebvh import _Plan
 

@@ -310,7 +310,7 @@ def bvh_nodes_kernel(id: wp.uint64, lo: wp.array[wp.vec3], hi: wp.array[wp.vec3]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Native build of the 8-wide BVH straight from a CPU wp.Mesh's binary BVH (wsim.scene.widebvh): the same greedy
-# collapse as the reference (expand the child of largest surface area until 8 children; subtrees of at most 4
+# collapse as the reference (expand the child of largest surface area until 8 children; subtrees of at most max_leaf
 # contiguous triangles become leaves), in O(nodes) without copying the binary tree out.
 
 _EXPAND = r"""
