@@ -159,6 +159,49 @@ def _put(out: wp.array[HitBrief], i: int, h: Hit):  # noqa: F811 - the overload 
     out[i] = b
 
 
+@wp.func_native(r"""
+const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
+for (int k = 0; k < M; ++k) {
+    auto& r = wp::index(out, idx.c[k]);
+    if (res.data[k][1] >= 0.0f) {
+        int slot;
+        __builtin_memcpy(&slot, &res.data[k][1], sizeof(int));
+        r.t = t_min + res.data[k][0];
+        r.face = wp::index(fid, slot);
+        r.u = res.data[k][2];
+        r.v = res.data[k][3];
+    } else {
+        r.t = 0.0f;
+        r.face = -1;
+        r.u = 0.0f;
+        r.v = 0.0f;
+    }
+    r.instance = -1;
+}
+""")
+def _brief_static(out: wp.array[HitBrief], fid: wp.array[wp.int32], idx: vec64i, m: int, t_min: float,
+                  res: mat64x4): ...
+
+
+@wp.func(inline=True)
+def _put_static(out: wp.array[Hit], geo: SceneGeo, o: wp.vec3, dirs: mat64x3, time: float, idx: vec64i, m: int,
+                t_min: float, t_max: float, res: mat64x4):
+    """Store the records of rays ``idx[k]``, ``k < m``, from ``o`` along unit ``dirs[k]`` at ``time`` [s] whose
+    nearest surface is the static one their packet found (``res[k]``, from ``o + dirs[k]·t_min``): no instance is
+    near them."""
+    for k in range(m):
+        _put(out, idx[k], static_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, t_min, t_max,
+                                     wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
+
+
+@wp.func(inline=True)
+def _put_static(out: wp.array[HitBrief], geo: SceneGeo, o: wp.vec3, dirs: mat64x3,  # noqa: F811 - brief records
+                time: float, idx: vec64i, m: int, t_min: float, t_max: float, res: mat64x4):
+    """The brief records of :func:`_put_static`'s rays, the same bits, in one native loop (the generic one spends
+    some 40 instructions a ray: 1080p camera rays on the synthetic scene, one thread, 3-5 % of the trace)."""
+    _brief_static(out, geo.wide_fid, idx, m, t_min, res)
+
+
 @wp.struct
 class Nearest:
     """The nearest surface found so far along a ray: distance from the ray's origin [m], face (−1: none), instance
@@ -835,9 +878,7 @@ def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, 
         return 0
     time = times[idx[0]]
     if listed.n == 0:
-        for k in range(m):
-            _put(hits, idx[k], static_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, 0.0, t_max,
-                                          wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
+        _put_static(hits, geo, o, dirs, time, idx, m, 0.0, t_max, res)
         return 1
     lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, res, listed)
     for k in range(m):
@@ -853,6 +894,9 @@ def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, 
     packet's answers over their whole range, a narrow packet staying narrow out of the scene): at one instant from 0
     the instances are listed once (:func:`_trace_listed`), else each ray's go through the top level. (Its own
     function: its vectors are declared, and zeroed, only for such packets.)"""
+    if geo.num_instances == 0 and same_time:
+        _put_static(hits, geo, o, dirs, times[idx[0]], idx, m, t_min, t_max, res)
+        return
     if geo.num_instances > 0 and same_time and t_min == 0.0:
         if _trace_listed(geo, o, dirs, m, lo, t_max, times, idx, res, hits) != 0:
             return
