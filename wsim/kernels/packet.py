@@ -689,6 +689,20 @@ def _shuffles16() -> str:
         a, b = join(chunk)
         out.append(f"    q[{chunk}] = __builtin_shufflevector(__builtin_shufflevector(x, y, {lst(a)}), z, {lst(b)}); \\")
     out.append("} while (0)")
+    # four runs of 4 rows (a lidar tile's 4 elevations at 4 azimuths): the 48 values of rows k..k+15 gathered from
+    # the runs' starts p[0..3] (12 values each) into three vectors, 16 bytes at a time; RUNS4 tests that the 16
+    # indices ids form such runs
+    out.append("#define LOAD4RUNS(T, p, q) do { \\")
+    out.append("    typedef T t4_ __attribute__((ext_vector_type(4))); \\")
+    out.append("    t4_ a_[12]; \\")
+    out.append("    for (int r_ = 0; r_ < 4; ++r_) __builtin_memcpy(&a_[3 * r_], (p)[r_], 3 * sizeof(t4_)); \\")
+    out.append("    for (int j_ = 0; j_ < 3; ++j_) \\")
+    out.append("        q[j_] = __builtin_shufflevector(__builtin_shufflevector(a_[4 * j_], a_[4 * j_ + 1], 0, 1, 2, 3, 4, 5, 6, 7), \\")
+    out.append("                                        __builtin_shufflevector(a_[4 * j_ + 2], a_[4 * j_ + 3], 0, 1, 2, 3, 4, 5, 6, 7), \\")
+    out.append("                                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); \\")
+    out.append("} while (0)")
+    out.append("#define RUNS4(ids) (!__builtin_reduce_or((ids) != __builtin_shufflevector((ids), (ids), 0, 0, 0, 0, 4, 4, 4, 4, "
+               "8, 8, 8, 8, 12, 12, 12, 12) + ((i16){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3})))")
     return "\n".join(out) + "\n"
 
 
@@ -721,6 +735,13 @@ for (int c = 0; c < M; c += 16) {
         // 16 rays in a row (a tile's run of a row): three vector loads, split into components
         v16 q[3];
         __builtin_memcpy(q, &wp::index(directions, ids[0]), sizeof(q));
+        SPLIT16(q, x, y, z);
+    } else if (c + 16 <= M && directions.strides[0] == (int)sizeof(wp::vec3) && RUNS4(ids)) {
+        // four runs of 4 rays (a lidar tile's elevations): 16-byte loads, joined and split
+        const float* p[4] = {&wp::index(directions, ids[0])[0], &wp::index(directions, ids[4])[0],
+                             &wp::index(directions, ids[8])[0], &wp::index(directions, ids[12])[0]};
+        v16 q[3];
+        LOAD4RUNS(float, p, q);
         SPLIT16(q, x, y, z);
     } else {
         float gx[16], gy[16], gz[16];
@@ -831,6 +852,23 @@ for (int c = 0; c < M; c += 16) {
         __builtin_memcpy(qo, &wp::index(origins, ids[0]), sizeof(qo));
         bad_org = (qo[0] != OB[0]) | (qo[1] != OB[1]) | (qo[2] != OB[2]);
         __builtin_memcpy(&t, &wp::index(times, ids[0]), sizeof(i16));
+    } else if (c + 16 <= M && RUNS4(ids) && origins.strides[0] == (int)sizeof(wp::vec3) &&
+               times.strides[0] == (int)sizeof(float)) {
+        // four runs of 4 rays (a lidar tile's elevations): 16-byte loads, joined
+        v16 q[3];
+        __builtin_memcpy(q, &dirs.data[c][0], sizeof(q));
+        SPLIT16(q, x, y, z);
+        const int* po[4] = {(const int*)&wp::index(origins, ids[0]), (const int*)&wp::index(origins, ids[4]),
+                            (const int*)&wp::index(origins, ids[8]), (const int*)&wp::index(origins, ids[12])};
+        i16 qo[3];
+        LOAD4RUNS(int, po, qo);
+        bad_org = (qo[0] != OB[0]) | (qo[1] != OB[1]) | (qo[2] != OB[2]);
+        typedef int ti4 __attribute__((ext_vector_type(4)));
+        ti4 tr[4];
+        for (int r = 0; r < 4; ++r) __builtin_memcpy(&tr[r], &wp::index(times, ids[4 * r]), sizeof(ti4));
+        t = __builtin_shufflevector(__builtin_shufflevector(tr[0], tr[1], 0, 1, 2, 3, 4, 5, 6, 7),
+                                    __builtin_shufflevector(tr[2], tr[3], 0, 1, 2, 3, 4, 5, 6, 7),
+                                    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     } else {
         float gx[16], gy[16], gz[16];
         int gp[3][16], gt[16];
