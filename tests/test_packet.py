@@ -341,6 +341,36 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
     assert np.mean(grids[-2]["face"] >= 0) > 0.5
 
 
+def test_listed_instance_box_tests_keep_the_nan_rules():
+    """A camera grid aimed at a parked car from a point on the planes of its box's side and top faces, with
+    directions whose y or z component is exactly 0 (1/0 = inf, and 0 x inf = NaN slab distances): the listed
+    instance's box tests, 16 rays at a time, and its one-origin packets give every ray the record of tracing it
+    alone, bit for bit, and the car is seen."""
+    import wsim
+
+    scene = wsim.load_scene("builtin")
+    geo = SceneGeometry(scene, "cpu")
+    t_mid = 0.5 * sum(scene.time_range)
+    k = next(i for i, inst in enumerate(geo.instances) if len(inst.times) == 1)  # a parked car
+    one = lambda x: np.asarray([x], np.float32)  # noqa: E731
+    geo.trace(one([0.0, 0.0, 0.0]), one([1.0, 0.0, 0.0]), one(t_mid))  # the instances' boxes at t_mid
+    lo, hi = geo.geo.inst_lo.numpy()[k], geo.geo.inst_hi.numpy()[k]
+    c = 0.5 * (lo + hi)
+    u = np.arange(-17, 18) * 0.03  # exact zeros at the centre column and row
+    v = np.arange(10, -11, -1) * 0.03
+    d = np.stack(np.broadcast_arrays(1.0, u[None, :], v[:, None]), -1).astype(np.float32)
+    org = np.array([c[0] - 8.0, lo[1], hi[2]], np.float32)  # on the planes of two of the box's faces
+    o = np.broadcast_to(org, d.shape)
+    tt = np.full(d.shape[0] * d.shape[1], t_mid)
+    assert np.any(d[..., 1] == 0.0) and np.any(d[..., 2] == 0.0)
+    a = geo.trace(o, d, tt).numpy()
+    b = _trace_ray_by_ray(geo, o.reshape(-1, 3), d.reshape(-1, 3), tt, 0.0, 1.0e6)
+    for f in a:
+        assert np.array_equal(np.ascontiguousarray(a[f]).view(np.uint8), np.ascontiguousarray(b[f]).view(np.uint8)), f
+    _assert_brief_is_the_records(geo.trace(o, d, tt, brief=True).numpy(), b)
+    assert np.sum(b["instance"] == k) > 20, np.sum(b["instance"] == k)
+
+
 @wp.kernel
 def _tiles_of(rows: int, cols: int, tr: int, tc: int, idx: wp.array2d[wp.int32], count: wp.array[wp.int32]):
     t = wp.tid()
