@@ -546,7 +546,8 @@ return res;
 
 
 #: Where each ray starts: ``org + dirs[k]·t_min[k]`` (one origin), ``orgs[k] + dirs[k]·t_min[k]`` ("from"),
-#: ``orgs[k]`` ("at") or ``org`` ("shared": every ray at the very same point), computed as ``wide_closest``'s callers compute it (the product rounded before the sum).
+#: ``orgs[k]`` ("at") or ``org`` ("shared": every ray at the very same point), computed as ``wide_closest``'s callers
+#: compute it (the product rounded before the sum).
 _START = {
     "one": "for (int a = 0; a < 3; ++a) {\n#pragma clang fp contract(off)\n"
            "    const rf P = D[a] * T;\n    O[a] = (rf)org[a] + P;\n}",
@@ -665,7 +666,8 @@ def wide_packet16_shared_at(boxes: wp.array[float], child: wp.array[wp.int32], v
 def _shuffles16() -> str:
     """C++ (CPU) for 16 rows of three 4-byte values: ``SPLIT16(q, x, y, z)`` splits them, loaded as three vectors of
     16 (``q[0..2]``: the rows' 48 values in order), into a vector per component; ``JOIN16(x, y, z, q)`` is its
-    inverse. Two shuffles a vector (the index lists made here)."""
+    inverse. Two shuffles a vector (the index lists made here). ``LOAD4RUNS`` loads the 16 rows from four runs of 4,
+    ``RUNS4`` tells such runs."""
     def split(comp):
         g = [3 * lane + comp for lane in range(16)]
         first = [x if x < 32 else 0 for x in g]
@@ -690,23 +692,23 @@ def _shuffles16() -> str:
         out.append(f"    q[{chunk}] = __builtin_shufflevector(__builtin_shufflevector(x, y, {lst(a)}), z, {lst(b)}); \\")
     out.append("} while (0)")
     # four runs of 4 rows (a lidar tile's 4 elevations at 4 azimuths): the 48 values of rows k..k+15 gathered from
-    # the runs' starts p[0..3] (12 values each) into three vectors, 16 bytes at a time; RUNS4 tests that the 16
-    # indices ids form such runs
+    # the runs' starts p[0..3] (12 values each) into three vectors, 16 bytes at a time (CAT4 joins four vectors of 4);
+    # RUNS4 tests that the 16 indices ids form such runs
+    out.append("#define CAT4(a, b, c, d) __builtin_shufflevector(__builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7), "
+               "__builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)")
     out.append("#define LOAD4RUNS(T, p, q) do { \\")
     out.append("    typedef T t4_ __attribute__((ext_vector_type(4))); \\")
     out.append("    t4_ a_[12]; \\")
     out.append("    for (int r_ = 0; r_ < 4; ++r_) __builtin_memcpy(&a_[3 * r_], (p)[r_], 3 * sizeof(t4_)); \\")
-    out.append("    for (int j_ = 0; j_ < 3; ++j_) \\")
-    out.append("        q[j_] = __builtin_shufflevector(__builtin_shufflevector(a_[4 * j_], a_[4 * j_ + 1], 0, 1, 2, 3, 4, 5, 6, 7), \\")
-    out.append("                                        __builtin_shufflevector(a_[4 * j_ + 2], a_[4 * j_ + 3], 0, 1, 2, 3, 4, 5, 6, 7), \\")
-    out.append("                                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); \\")
+    out.append("    for (int j_ = 0; j_ < 3; ++j_) q[j_] = CAT4(a_[4 * j_], a_[4 * j_ + 1], a_[4 * j_ + 2], a_[4 * j_ + 3]); \\")
     out.append("} while (0)")
     out.append("#define RUNS4(ids) (!__builtin_reduce_or((ids) != __builtin_shufflevector((ids), (ids), 0, 0, 0, 0, 4, 4, 4, 4, "
                "8, 8, 8, 8, 12, 12, 12, 12) + ((i16){0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3})))")
     return "\n".join(out) + "\n"
 
 
-#: C++ macros SPLIT16 and JOIN16 (see :func:`_shuffles16`) for the CPU snippets here and in trace.py.
+#: The C++ macros of :func:`_shuffles16` (SPLIT16, JOIN16, CAT4, LOAD4RUNS, RUNS4) for the CPU snippets here and
+#: in trace.py.
 SHUFFLES16 = _shuffles16()
 
 
@@ -730,18 +732,23 @@ const i16 IOTA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 for (int c = 0; c < M; c += 16) {
     v16 x, y, z;
     i16 ids;
-    if (c + 16 <= M) __builtin_memcpy(&ids, &idx.c[c], sizeof(i16));
-    if (c + 16 <= M && directions.strides[0] == (int)sizeof(wp::vec3) && !__builtin_reduce_or(ids != ids[0] + IOTA)) {
-        // 16 rays in a row (a tile's run of a row): three vector loads, split into components
+    bool row = false, runs = false;
+    if (c + 16 <= M && directions.strides[0] == (int)sizeof(wp::vec3)) {
+        __builtin_memcpy(&ids, &idx.c[c], sizeof(i16));
+        row = !__builtin_reduce_or(ids != ids[0] + IOTA);
+        runs = !row && RUNS4(ids);
+    }
+    if (row || runs) {
+        // 16 rays in a row (a camera tile's run of a row): three vector loads; four runs of 4 (a lidar tile's
+        // elevations): 16-byte loads, joined; split into components
         v16 q[3];
-        __builtin_memcpy(q, &wp::index(directions, ids[0]), sizeof(q));
-        SPLIT16(q, x, y, z);
-    } else if (c + 16 <= M && directions.strides[0] == (int)sizeof(wp::vec3) && RUNS4(ids)) {
-        // four runs of 4 rays (a lidar tile's elevations): 16-byte loads, joined and split
-        const float* p[4] = {&wp::index(directions, ids[0])[0], &wp::index(directions, ids[4])[0],
-                             &wp::index(directions, ids[8])[0], &wp::index(directions, ids[12])[0]};
-        v16 q[3];
-        LOAD4RUNS(float, p, q);
+        if (row) {
+            __builtin_memcpy(q, &wp::index(directions, ids[0]), sizeof(q));
+        } else {
+            const float* p[4] = {&wp::index(directions, ids[0])[0], &wp::index(directions, ids[4])[0],
+                                 &wp::index(directions, ids[8])[0], &wp::index(directions, ids[12])[0]};
+            LOAD4RUNS(float, p, q);
+        }
         SPLIT16(q, x, y, z);
     } else {
         float gx[16], gy[16], gz[16];
@@ -840,35 +847,32 @@ for (int c = 0; c < M; c += 16) {
     v16 x, y, z;
     i16 bad_org, t;
     i16 ids;
-    if (c + 16 <= M) __builtin_memcpy(&ids, &idx.c[c], sizeof(i16));
-    if (c + 16 <= M && !__builtin_reduce_or(ids != ids[0] + IOTA) &&
-        origins.strides[0] == (int)sizeof(wp::vec3) && times.strides[0] == (int)sizeof(float)) {
-        // 16 rays in a row (a tile's run of a row): vector loads; the origins' 48 values compared as laid out with
-        // the first origin's repeated
+    bool row = false, runs = false;
+    if (c + 16 <= M && origins.strides[0] == (int)sizeof(wp::vec3) && times.strides[0] == (int)sizeof(float)) {
+        __builtin_memcpy(&ids, &idx.c[c], sizeof(i16));
+        row = !__builtin_reduce_or(ids != ids[0] + IOTA);
+        runs = !row && RUNS4(ids);
+    }
+    if (row || runs) {
+        // 16 rays in a row (a camera tile's run of a row) or four runs of 4 (a lidar tile's elevations): vector
+        // loads; the origins' 48 values compared as laid out with the first origin's repeated
         v16 q[3];
         __builtin_memcpy(q, &dirs.data[c][0], sizeof(q));
         SPLIT16(q, x, y, z);
         i16 qo[3];
-        __builtin_memcpy(qo, &wp::index(origins, ids[0]), sizeof(qo));
+        if (row) {
+            __builtin_memcpy(qo, &wp::index(origins, ids[0]), sizeof(qo));
+            __builtin_memcpy(&t, &wp::index(times, ids[0]), sizeof(i16));
+        } else {
+            const int* po[4] = {(const int*)&wp::index(origins, ids[0]), (const int*)&wp::index(origins, ids[4]),
+                                (const int*)&wp::index(origins, ids[8]), (const int*)&wp::index(origins, ids[12])};
+            LOAD4RUNS(int, po, qo);
+            typedef int ti4 __attribute__((ext_vector_type(4)));
+            ti4 tr[4];
+            for (int r = 0; r < 4; ++r) __builtin_memcpy(&tr[r], &wp::index(times, ids[4 * r]), sizeof(ti4));
+            t = CAT4(tr[0], tr[1], tr[2], tr[3]);
+        }
         bad_org = (qo[0] != OB[0]) | (qo[1] != OB[1]) | (qo[2] != OB[2]);
-        __builtin_memcpy(&t, &wp::index(times, ids[0]), sizeof(i16));
-    } else if (c + 16 <= M && RUNS4(ids) && origins.strides[0] == (int)sizeof(wp::vec3) &&
-               times.strides[0] == (int)sizeof(float)) {
-        // four runs of 4 rays (a lidar tile's elevations): 16-byte loads, joined
-        v16 q[3];
-        __builtin_memcpy(q, &dirs.data[c][0], sizeof(q));
-        SPLIT16(q, x, y, z);
-        const int* po[4] = {(const int*)&wp::index(origins, ids[0]), (const int*)&wp::index(origins, ids[4]),
-                            (const int*)&wp::index(origins, ids[8]), (const int*)&wp::index(origins, ids[12])};
-        i16 qo[3];
-        LOAD4RUNS(int, po, qo);
-        bad_org = (qo[0] != OB[0]) | (qo[1] != OB[1]) | (qo[2] != OB[2]);
-        typedef int ti4 __attribute__((ext_vector_type(4)));
-        ti4 tr[4];
-        for (int r = 0; r < 4; ++r) __builtin_memcpy(&tr[r], &wp::index(times, ids[4 * r]), sizeof(ti4));
-        t = __builtin_shufflevector(__builtin_shufflevector(tr[0], tr[1], 0, 1, 2, 3, 4, 5, 6, 7),
-                                    __builtin_shufflevector(tr[2], tr[3], 0, 1, 2, 3, 4, 5, 6, 7),
-                                    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     } else {
         float gx[16], gy[16], gz[16];
         int gp[3][16], gt[16];
