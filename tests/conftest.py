@@ -17,6 +17,14 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.fixture
+def unbaked(monkeypatch) -> None:
+    """Parked instances traced as instances, not baked into the static wide BVH (tests of the instance paths)."""
+    from wsim.scene import geometry
+
+    monkeypatch.setattr(geometry, "BAKE_MAX_TRIANGLES", 0)
+
+
 def box_mesh(lo, hi, inward: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """12-triangle axis-aligned box from corner ``lo`` to ``hi``; normals outward (or inward)."""
     lo, hi = np.asarray(lo, float), np.asarray(hi, float)

@@ -249,12 +249,12 @@ def test_camera_keeps_the_time_window_of_renders_in_flight(device):
 @pytest.mark.parametrize("shutter,cars", [("ROLLING_TOP_TO_BOTTOM", 0), ("GLOBAL", 0), ("ROLLING_LEFT_TO_RIGHT", 0),
                                           ("ROLLING_RIGHT_TO_LEFT", 0), ("ROLLING_TOP_TO_BOTTOM", 40),
                                           ("GLOBAL", 40)])
-def test_row_packets_equal_pixel_by_pixel(shutter, cars, monkeypatch):
+def test_row_packets_equal_pixel_by_pixel(shutter, cars, monkeypatch, unbaked):
     """On the CPU, runs of pixels exposed at the same instant — of a row (global and top/bottom rolling shutters),
     of a column (left/right ones) — are traced as one packet, and the instances their cone may meet are listed once
     per run: every product is bit-identical to rendering pixel by pixel (the built-in street block: its textures,
     moving cars and shadows; a width and a height that are no multiple of the run length; 40 more parked cars, more
-    than a run lists, take the top-level BVH per pixel)."""
+    than a run lists, take the top-level BVH per pixel; all traced as instances, none baked into the static tree)."""
     import dataclasses
 
     import wsim

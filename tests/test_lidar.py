@@ -607,11 +607,11 @@ def _glass_room():
 
 
 @pytest.mark.parametrize("ray_type,cars", [("GAUSSIAN_BEAM", 1), ("UNIFORM_BEAM", 1), ("GAUSSIAN_BEAM", 40)])
-def test_beam_packets_equal_sub_rays_traced_one_by_one(device, ray_type, cars, monkeypatch):
+def test_beam_packets_equal_sub_rays_traced_one_by_one(device, ray_type, cars, monkeypatch, unbaked):
     """On the CPU a beam's sub-rays find their first static surfaces in one packet traversal, and the instances
     they may meet are listed once per beam (up to 32 instances; more: the top-level BVH per sub-ray): every channel
     is bit-identical to tracing them one by one (glass pane: continuing sub-rays; moving cars: instances; the
-    room's edges and corners: shared-edge and grazing hits)."""
+    room's edges and corners: shared-edge and grazing hits; the parked cars traced as instances, not baked)."""
     import wsim.sensors.lidar as lidar_module
 
     scene = _glass_room()

@@ -341,11 +341,11 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
     assert np.mean(grids[-2]["face"] >= 0) > 0.5
 
 
-def test_listed_instance_box_tests_keep_the_nan_rules():
+def test_listed_instance_box_tests_keep_the_nan_rules(unbaked):
     """A camera grid aimed at a parked car from a point on the planes of its box's side and top faces, with
     directions whose y or z component is exactly 0 (1/0 = inf, and 0 x inf = NaN slab distances): the listed
     instance's box tests, 16 rays at a time, and its one-origin packets give every ray the record of tracing it
-    alone, bit for bit, and the car is seen."""
+    alone, bit for bit, and the car is seen (traced as an instance, not baked into the static tree)."""
     import wsim
 
     scene = wsim.load_scene("builtin")

@@ -511,9 +511,10 @@ def _rays_at_instances(scene: Scene, n: int, seed: int, extent: float = 30.0, sp
     return o, d, rng.uniform(-0.1, 1.1, n), rng
 
 
-def test_wide_bvh_instances_match_mesh_query_ray():
+def test_wide_bvh_instances_match_mesh_query_ray(unbaked):
     """Instanced prototypes (still and moving, rotated, non-uniformly scaled) traced through their 8-wide BVHs
-    give mesh_query_ray's hits: same instance, face, t within 1e-5 relative."""
+    give mesh_query_ray's hits: same instance, face, t within 1e-5 relative. (Parked ones traced as instances too;
+    baked into the static tree: test_parked_instances_are_baked_into_the_static_tree_with_their_own_hits.)"""
     scene = _instanced_scene()
     wide = SceneGeometry(scene, "cpu", wide=True)
     ref = SceneGeometry(scene, "cpu", wide=False)
@@ -553,7 +554,7 @@ def _cull_vs_tlas_kernel(geo: SceneGeo, o: wp.array[wp.vec3], d: wp.array[wp.vec
 
 
 @pytest.mark.parametrize("n_inst", [24, 300])
-def test_instance_cull_tree_passes_every_ray_the_top_level_query_serves(n_inst):
+def test_instance_cull_tree_passes_every_ray_the_top_level_query_serves(n_inst, unbaked):
     """The 8-wide tree over the instances' boxes (CPU) lets a ray skip the top-level query only when that query
     would find nothing before t_max: random rays, rays aimed at box corners and along box faces, axis-parallel
     rays and origins on the boxes' planes, still and moving instances; most rays that meet no box are told so. A
@@ -657,7 +658,7 @@ def _tie_scene() -> Scene:
 
 
 @pytest.mark.parametrize("case", ["instanced", "ties"])
-def test_closest_hit_beyond_the_static_reach_equals_closest_hit(case):
+def test_closest_hit_beyond_the_static_reach_equals_closest_hit(case, unbaked):
     """A ray whose static surfaces all lie beyond a reach (a lidar packet met none within it) looks for the
     instances first (:func:`closest_hit_beyond`): every Hit field equals :func:`closest_hit`'s bit for bit —
     instance hits inside and beyond the reach, static hits before and behind instances, still and moving
@@ -920,3 +921,67 @@ def test_wide_bvh_serves_meshes_beyond_2_to_the_24_triangles():
     h = geo.trace(o, np.tile([0.0, 0.0, -1.0], (len(cells), 1))).numpy()
     np.testing.assert_array_equal(h["face"], 2 * cells)
     np.testing.assert_allclose(h["t"], 5.0, atol=1e-5)
+
+
+def test_parked_instances_are_baked_into_the_static_tree_with_their_own_hits(monkeypatch):
+    """Parked instances (one transform, positive scales; CPU) are traced as world copies of their triangles in the
+    static 8-wide BVH: every ray gets the instance, face, part and object that tracing them in their own frame gives
+    (t, u, v, normal within float rounding), ray by ray, in camera tiles (bit for bit the ray-by-ray answer) and in
+    brief records; moving instances stay instances; a view that moves a baked instance traces it where the view puts
+    it (the static tree without the baked ones)."""
+    from wsim.scene import geometry as wgeo
+
+    scene = _instanced_scene()
+    parked = [k for k, i in enumerate(scene.instances) if not i.is_moving]
+    baked = SceneGeometry(scene, "cpu")
+    monkeypatch.setattr(wgeo, "BAKE_MAX_TRIANGLES", 0)
+    ref = SceneGeometry(scene, "cpu")
+    assert baked.baked == parked and ref.baked == []
+    assert baked.geo.num_instances == len(scene.instances) - len(parked) and ref.geo.num_instances == len(scene.instances)
+    n = 60000
+    o, d, times, _ = _rays_at_instances(scene, n, 9)
+    a, b = baked.trace(o, d, times).numpy(), ref.trace(o, d, times).numpy()
+    on_parked = np.isin(b["instance"], parked)
+    assert on_parked.mean() > 0.05 and (b["instance"] >= 12).mean() > 0.02
+    assert (a["instance"] == b["instance"]).mean() > 0.9995 and (a["face"] == b["face"]).mean() > 0.999
+    same = (a["face"] == b["face"]) & (a["instance"] == b["instance"])
+    # (a world copy's vertices, some 30 m out, are rounded once more: µm, more at grazing angles)
+    np.testing.assert_allclose(a["t"][same], b["t"][same], rtol=1e-5, atol=2e-5)
+    np.testing.assert_allclose(a["point"][same], b["point"][same], atol=1e-4)
+    # (barycentrics: that over the triangle's size, 1-2 cm on the subdivided box)
+    np.testing.assert_allclose(a["u"][same], b["u"][same], atol=2e-3)
+    np.testing.assert_allclose(a["v"][same], b["v"][same], atol=2e-3)
+    np.testing.assert_allclose(a["normal"][same], b["normal"][same], atol=1e-4)
+    for k in ("object_id", "part", "semantic"):
+        assert np.array_equal(a[k][same], b[k][same])
+    brief = baked.trace(o, d, times, brief=True).numpy()
+    for k in ("t", "face", "instance", "u", "v"):
+        assert np.array_equal(brief[k], a[k] if k != "t" else np.where(a["face"] >= 0, a["t"], 0.0)), k
+    # camera tiles at one instant from one point, toward the parked ones: the ray-by-ray answers bit for bit
+    k0 = max(parked, key=lambda k: int((a["instance"] == k).sum()))
+    c = scene.instances[k0].translations[0]
+    rows, cols = 40, 64
+    yy, xx = np.meshgrid(np.linspace(-0.25, 0.25, rows), np.linspace(-0.4, 0.4, cols), indexing="ij")
+    dirs = np.stack([xx, np.ones_like(xx), yy], -1).reshape(-1, 3)
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    org = np.broadcast_to(c - [0.0, 6.0, 0.0], dirs.shape)
+    g = baked.trace(org, dirs, 0.3, grid=(rows, cols), brief=True).numpy()
+    r1 = baked.trace(org, dirs, 0.3, brief=True).numpy()
+    assert (r1["instance"] == k0).mean() > 0.2
+    for k in r1:
+        assert np.array_equal(np.ascontiguousarray(g[k]).view(np.uint8), np.ascontiguousarray(r1[k]).view(np.uint8)), k
+    # a view moving a baked instance 200 m up (above the room): the rays that met it meet it there, raised alike,
+    # and no longer where it was; a view keeping it keeps it baked
+    was = scene.instances[k0]
+    moved = Instance(was.prototype, [0.0], was.translations + [0.0, 0.0, 200.0], was.rotations, scales=was.scales,
+                     object_id=was.object_id)
+    view = baked.with_instances(scene, [moved if k == k0 else i for k, i in enumerate(scene.instances)])
+    kept = baked.with_instances(scene, scene.instances)
+    assert view.baked == [] and view.geo.num_instances == len(scene.instances) and kept.baked == parked
+    on = a["instance"] == k0
+    assert on.sum() > 500
+    up = view.trace(o[on] + [0.0, 0.0, 200.0], d[on], times[on]).numpy()
+    there = view.trace(o[on], d[on], times[on]).numpy()
+    assert (up["instance"] == k0).mean() > 0.999 and not np.any(there["instance"] == k0)
+    np.testing.assert_allclose(up["t"][up["instance"] == k0], a["t"][on][up["instance"] == k0], rtol=1e-4, atol=1e-4)
+    assert np.array_equal(kept.trace(o, d, times).numpy()["face"], a["face"])

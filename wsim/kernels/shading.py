@@ -91,7 +91,7 @@ def occluded(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max: float, t
         idx = int(0)
         while wp.bvh_query_next(bq, idx, t_max):
             if not hit:
-                hit = instance_occludes(geo, idx, origin, direction, t_max, time)
+                hit = instance_occludes(geo, geo.inst_traced[idx], origin, direction, t_max, time)
     return hit
 
 
@@ -143,7 +143,8 @@ def parallel_instances(geo: SceneGeo, lo: wp.vec3, hi: wp.vec3, direction: wp.ve
     m = ext + wp.vec3(1.0e-4 * (1.0 + big + wp.length(ext)))
     rcp = wp.vec3(1.0 / direction[0], 1.0 / direction[1], 1.0 / direction[2])
     reach = t_max * 1.001 + 2.0 * wp.length(m) + 1.0e-3
-    for i in range(geo.num_instances):
+    for j in range(geo.num_instances):
+        i = geo.inst_traced[j]
         if ray_box_entry(c, rcp, geo.inst_lo[i] - m, geo.inst_hi[i] + m, reach) != 0:
             out.idx[out.n] = i
             out.n += 1

@@ -60,11 +60,15 @@ class SceneGeo:
 
     static_mesh: wp.uint64
     static_tri_part: wp.array[wp.int32]
+    # the top-level BVH over the instances traced as instances: num_instances of them, inst_traced[j] the index of
+    # its j-th (instances baked into the static wide BVH, below, are not among them)
     tlas: wp.uint64
     num_instances: wp.int32
-    inst_lo: wp.array[wp.vec3]  # the top-level BVH's boxes: each instance's world bounds over the time window
+    inst_traced: wp.array[wp.int32]
+    inst_lo: wp.array[wp.vec3]  # each instance's world bounds over the time window (by instance index)
     inst_hi: wp.array[wp.vec3]
-    # CPU: an 8-wide tree over the same boxes (wsim.scene.widebvh.box_tree) telling the rays that meet none of them
+    # CPU: an 8-wide tree over the traced instances' boxes (wsim.scene.widebvh.box_tree) telling the rays that meet
+    # none of them
     # (use_inst_cull = 0: every ray queries the top level)
     use_inst_cull: wp.int32
     inst_cull_boxes: wp.array[float]
@@ -92,6 +96,11 @@ class SceneGeo:
     wide_e1: wp.array[wp.vec3]
     wide_e2: wp.array[wp.vec3]
     wide_fid: wp.array[wp.int32]
+    # parked instances baked into it (world-space copies of their triangles): a face index fid >= baked_from is
+    # instance baked_inst[fid - baked_from]'s face baked_face[fid - baked_from]
+    baked_from: wp.int32
+    baked_inst: wp.array[wp.int32]
+    baked_face: wp.array[wp.int32]
     # the prototypes' 8-wide BVHs in one pool (CPU only): root wide node per instance, -1 keeps mesh_query_ray
     inst_wide_root: wp.array[wp.int32]
     proto_wide_boxes: wp.array[float]
@@ -166,29 +175,36 @@ for (int k = 0; k < M; ++k) {
     if (res.data[k][1] >= 0.0f) {
         int slot;
         __builtin_memcpy(&slot, &res.data[k][1], sizeof(int));
+        const int f = wp::index(fid, slot);
         r.t = t_min + res.data[k][0];
-        r.face = wp::index(fid, slot);
         r.u = res.data[k][2];
         r.v = res.data[k][3];
+        if (f >= baked_from) {  // a parked instance's triangle (see _wide_nearest)
+            r.face = wp::index(baked_face, f - baked_from);
+            r.instance = wp::index(baked_inst, f - baked_from);
+        } else {
+            r.face = f;
+            r.instance = -1;
+        }
     } else {
         r.t = 0.0f;
         r.face = -1;
         r.u = 0.0f;
         r.v = 0.0f;
+        r.instance = -1;
     }
-    r.instance = -1;
 }
 """)
-def _brief_static(out: wp.array[HitBrief], fid: wp.array[wp.int32], idx: vec64i, m: int, t_min: float,
-                  res: mat64x4): ...
+def _brief_static(out: wp.array[HitBrief], fid: wp.array[wp.int32], baked_from: int, baked_inst: wp.array[wp.int32],
+                  baked_face: wp.array[wp.int32], idx: vec64i, m: int, t_min: float, res: mat64x4): ...
 
 
 @wp.func(inline=True)
 def _put_static(out: wp.array[Hit], geo: SceneGeo, o: wp.vec3, dirs: mat64x3, time: float, idx: vec64i, m: int,
                 t_min: float, t_max: float, res: mat64x4):
     """Store the records of rays ``idx[k]``, ``k < m``, from ``o`` along unit ``dirs[k]`` at ``time`` [s] whose
-    nearest surface is the static one their packet found (``res[k]``, from ``o + dirs[k]·t_min``): no instance is
-    near them."""
+    nearest surface is the one their packet found in the static wide BVH (``res[k]``, from ``o + dirs[k]·t_min``):
+    no instance traced as an instance is near them."""
     for k in range(m):
         _put(out, idx[k], static_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, t_min, t_max,
                                      wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
@@ -199,7 +215,7 @@ def _put_static(out: wp.array[HitBrief], geo: SceneGeo, o: wp.vec3, dirs: mat64x
                 time: float, idx: vec64i, m: int, t_min: float, t_max: float, res: mat64x4):
     """The brief records of :func:`_put_static`'s rays, the same bits, in one native loop (the generic one spends
     some 40 instructions a ray: 1080p camera rays on the synthetic scene, one thread, 3-5 % of the trace)."""
-    _brief_static(out, geo.wide_fid, idx, m, t_min, res)
+    _brief_static(out, geo.wide_fid, geo.baked_from, geo.baked_inst, geo.baked_face, idx, m, t_min, res)
 
 
 @wp.struct
@@ -289,7 +305,7 @@ def _instances_nearer(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_min:
         bq = wp.bvh_query_ray(geo.tlas, origin, direction)
         idx = int(0)
         while wp.bvh_query_next(bq, idx, b.t):
-            b = _try_instance(geo, idx, origin, direction, t_min, time, b)
+            b = _try_instance(geo, geo.inst_traced[idx], origin, direction, t_min, time, b)
     return b
 
 
@@ -313,6 +329,10 @@ def _wide_nearest(geo: SceneGeo, t_min: float, t_max: float, w: wp.vec4) -> Near
     if w[1] >= 0.0:
         k = wide_slot(w[1])
         b = _nearest(t_min + w[0], geo.wide_fid[k], w[2], w[3], _static_normal(geo, k))
+        if b.face >= geo.baked_from:  # a parked instance's triangle
+            j = b.face - geo.baked_from
+            b.inst = geo.baked_inst[j]
+            b.face = geo.baked_face[j]
     return b
 
 
@@ -384,7 +404,8 @@ def cone_instances(geo: SceneGeo, origin: wp.vec3, axis: wp.vec3, tan_cone: floa
         return out
     spread = tan_cone * 1.01 + 1.0e-5
     rcp = wp.vec3(1.0 / axis[0], 1.0 / axis[1], 1.0 / axis[2])
-    for i in range(geo.num_instances):
+    for j in range(geo.num_instances):
+        i = geo.inst_traced[j]
         lo = geo.inst_lo[i]
         hi = geo.inst_hi[i]
         c = (lo + hi) * 0.5

@@ -24,6 +24,11 @@ BVH_LEAF_SIZE = 2  # measured best for closest-hit rays on the CPU (SAH); see be
 #: Trace the static mesh through an 8-wide BVH on the CPU (about 3× Warp's mesh_query_ray; benchmarks/wide_bvh);
 #: WSIM_WIDE_BVH=0 switches it off.
 WIDE_BVH = os.environ.get("WSIM_WIDE_BVH", "1") != "0"
+#: Parked instances (one transform for all time, positive scales) whose triangles may be copied, in world space, into
+#: the static mesh's 8-wide BVH on the CPU, at most: traced there, a parked car costs its triangles alone, not a second
+#: traversal in its own frame (the street block's 1080p camera rays 1.3x faster). Their hits keep their instance and
+#: prototype face. 0 switches it off (WSIM_BAKE_PARKED=0 too).
+BAKE_MAX_TRIANGLES = 2_000_000 if os.environ.get("WSIM_BAKE_PARKED", "1") != "0" else 0
 
 
 def _constructor(device: wp.context.Device, name: str | None) -> str:
@@ -102,6 +107,9 @@ class SceneGeometry:
         ctor = _constructor(self.device, bvh_constructor)
         d = self.device
         self._keep: list = []
+        self._owner = self  # the geometry whose meshes and wide BVHs this one uses (a view: its base)
+        self._mesh_options = (ctor, leaf_size)
+        self._wide_cache: dict[tuple[int, ...], dict | None] = {}  # static wide BVHs by the instances baked in
 
         def mesh(m) -> wp.Mesh:
             pts = wp.array(m.points, dtype=wp.vec3, device=d, requires_grad=True)  # vertex gradients
@@ -127,8 +135,6 @@ class SceneGeometry:
                        else np.zeros(1, np.int32))
         insts = [i for i in scene.instances if self.prototype_meshes[i.prototype] is not None]
         self.instances = insts
-        n = len(insts)
-        geo.num_instances = n
         geo.inst_mesh = wp.array([self.prototype_meshes[i.prototype].id for i in insts] or [0], dtype=wp.uint64,
                                  device=d)
         geo.inst_part_offset = wp.array([int(proto_offsets[i.prototype]) for i in insts] or [0], dtype=wp.int32,
@@ -147,8 +153,9 @@ class SceneGeometry:
             (scene.prototypes[i.prototype].points.min(0).astype(np.float64),
              scene.prototypes[i.prototype].points.max(0).astype(np.float64)) for i in insts
         ]
-        self._build_tlas(geo, None)
+        self.baked = self._parked()
         self._set_wide(geo)
+        self._build_tlas(geo, None)
         self._set_proto_wide(geo)
         geo.static_vn = geo.proto_vn = wp.zeros(1, dtype=wp.vec3, device=d)  # ensure_vertex_normals fills them
         starts = np.cumsum([0] + [len(p.points) for p in scene.prototypes])
@@ -166,16 +173,73 @@ class SceneGeometry:
             cache[key] = cls(scene, device=key)
         return cache[key]
 
+    def _parked(self) -> list[int]:
+        """The instances to bake into the static wide BVH (:data:`BAKE_MAX_TRIANGLES`): on the CPU with a wide static
+        tree, those whose keys all hold one transform with positive scales, in index order while their triangles fit."""
+        if not (self._wide and self.static_mesh is not None and BAKE_MAX_TRIANGLES > 0):
+            return []
+        out, total = [], 0
+        for i, inst in enumerate(self.instances):
+            nt = self.scene.prototypes[inst.prototype].num_triangles
+            fixed = all(np.all(a == a[0]) for a in (inst.translations, inst.rotations, inst.scales))
+            if fixed and np.all(inst.scales[0] > 0) and total + nt <= BAKE_MAX_TRIANGLES:
+                out.append(i)
+                total += nt
+        return out
+
+    def _static_wide(self, baked: tuple[int, ...]) -> tuple[dict, np.ndarray, np.ndarray] | None:
+        """The 8-wide BVH of the static mesh with the world-space triangles of instances ``baked`` after its own
+        (made once per set, by the owner geometry), and the instance and prototype face of each baked triangle; None
+        where the wide traversal can't serve it."""
+        owner = self._owner
+        if baked in owner._wide_cache:
+            return owner._wide_cache[baked]
+        if not baked:
+            w = build_wide_bvh(self.static_mesh)
+            out = None if w is None else (w, np.zeros(1, np.int32), np.zeros(1, np.int32))
+        else:
+            st = self.scene.static
+            pts, idx, inst_of, face_of = [st.points], [st.indices.reshape(-1, 3)], [], []
+            off = len(st.points)
+            for i in baked:
+                inst = self.instances[i]
+                proto = self.scene.prototypes[inst.prototype]
+                # the transform as sample_keys places it: rotate the scaled point, then translate
+                p = (proto.points.astype(np.float64) * inst.scales[0]) @ quat_to_matrix(inst.rotations[0]).T
+                pts.append(p + inst.translations[0])
+                idx.append(proto.indices.reshape(-1, 3) + off)
+                off += len(proto.points)
+                inst_of.append(np.full(proto.num_triangles, i, np.int32))
+                face_of.append(np.arange(proto.num_triangles, dtype=np.int32))
+            ctor, leaf = owner._mesh_options
+            mesh = wp.Mesh(points=wp.array(np.concatenate(pts).astype(np.float32), dtype=wp.vec3, device=self.device),
+                           indices=wp.array(np.concatenate(idx).astype(np.int32).reshape(-1), dtype=wp.int32,
+                                            device=self.device),
+                           bvh_constructor=ctor, bvh_leaf_size=leaf)
+            w = build_wide_bvh(mesh)  # (the tree holds copies of the vertices: the mesh is not kept)
+            out = None if w is None else (w, np.concatenate(inst_of), np.concatenate(face_of))
+        owner._wide_cache[baked] = out
+        return out
+
     def _set_wide(self, geo: _trace.SceneGeo) -> None:
-        """Attach the static mesh's 8-wide BVH (CPU) to ``geo``, or switch it off (CUDA, or a mesh it can't serve)."""
-        w = build_wide_bvh(self.static_mesh) if self._wide and self.static_mesh is not None else None
-        geo.use_wide = 0 if w is None else 1
-        if w is None:
-            w = {k: wp.zeros(1, dtype=dt, device=self.device) for k, dt in (
+        """Attach the static mesh's 8-wide BVH (CPU), with the instances :attr:`baked` in it, to ``geo``, or switch it
+        off (CUDA, or a mesh it can't serve; nothing baked then)."""
+        d = self.device
+        got = self._static_wide(tuple(self.baked)) if self._wide and self.static_mesh is not None else None
+        geo.use_wide = 0 if got is None else 1
+        if got is None:
+            self.baked = []
+            w = {k: wp.zeros(1, dtype=dt, device=d) for k, dt in (
                 ("boxes", float), ("child", wp.int32), ("v0", wp.vec3), ("e1", wp.vec3), ("e2", wp.vec3),
                 ("fid", wp.int32))}
+            inst_of = face_of = np.zeros(1, np.int32)
+        else:
+            w, inst_of, face_of = got
         for k, v in w.items():
             setattr(geo, "wide_" + k, v)
+        geo.baked_from = self.scene.static.num_triangles if self.baked else np.iinfo(np.int32).max
+        geo.baked_inst = wp.array(inst_of, dtype=wp.int32, device=d)
+        geo.baked_face = wp.array(face_of, dtype=wp.int32, device=d)
 
     def _set_proto_wide(self, geo: _trace.SceneGeo) -> None:
         """Attach the prototypes' 8-wide BVHs (one pool, CPU) and each instance's root in it to ``geo``; −1 roots
@@ -202,6 +266,7 @@ class SceneGeometry:
         if self.static_mesh is None:
             return
         self.static_mesh.refit()
+        self._owner._wide_cache.clear()
         self._set_wide(self.geo)
 
     def _upload_keys(self, geo: _trace.SceneGeo) -> None:
@@ -223,24 +288,34 @@ class SceneGeometry:
         geo.key_scale = wp.array(cat("scales", 3), dtype=wp.vec3, device=d)
 
     def _build_tlas(self, geo: _trace.SceneGeo, window: tuple[float, float] | None) -> None:
-        """The top-level BVH over the instances' bounds swept over ``window`` [s] (None: all key times)."""
+        """The top-level BVH over the bounds of the instances traced as instances (all but :attr:`baked`) swept over
+        ``window`` [s] (None: all key times)."""
         self.tlas = None
         self.time_window = window
         self._window_lock = threading.Lock()
         self._window_users = 0  # open time_window blocks
+        baked = set(self.baked)
+        self._traced = np.array([i for i in range(len(self.instances)) if i not in baked], np.int64)
+        geo.num_instances = len(self._traced)
+        geo.inst_traced = wp.array(self._traced.astype(np.int32) if len(self._traced) else [0], dtype=wp.int32,
+                                   device=self.device)
         if self.instances:
             lo, hi = self._swept_bounds(window)
-            self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=self.device)
+            geo.inst_lo = wp.array(lo, dtype=wp.vec3, device=self.device)
+            geo.inst_hi = wp.array(hi, dtype=wp.vec3, device=self.device)
+            lo, hi = lo[self._traced], hi[self._traced]
+        else:
+            geo.inst_lo = geo.inst_hi = wp.zeros(1, dtype=wp.vec3, device=self.device)  # (a struct's arrays are set)
+        if len(self._traced):
+            self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=self.device)  # refit in place with the tree
             self._tlas_uppers = wp.array(hi, dtype=wp.vec3, device=self.device)
             self.tlas = wp.Bvh(self._tlas_lowers, self._tlas_uppers)
             geo.tlas = self.tlas.id
-            geo.inst_lo, geo.inst_hi = self._tlas_lowers, self._tlas_uppers  # refit in place with the tree
         else:
             geo.tlas = wp.uint64(0)
-            geo.inst_lo = geo.inst_hi = wp.zeros(1, dtype=wp.vec3, device=self.device)  # (a struct's arrays are set)
         # CPU: an 8-wide tree over the same boxes tells the rays that cannot meet any (most of them) before the
         # top-level query; its topology stays, its boxes are refit with the top level's
-        geo.use_inst_cull = int(bool(self.instances) and self._wide)
+        geo.use_inst_cull = int(bool(len(self._traced)) and self._wide)
         if geo.use_inst_cull:
             self._cull_order = box_tree_order(lo, hi)
             boxes, child = box_tree(lo, hi, self._cull_order)
@@ -275,11 +350,18 @@ class SceneGeometry:
             view._key_box_cache = getattr(self, "_key_box_cache", None)
         view._wide = self._wide
         view._vertex_normals = self._vertex_normals
+        view._owner = self._owner
         geo = _trace.SceneGeo()
         for name in _trace.SceneGeo.vars:
             setattr(geo, name, getattr(self.geo, name))
         if any(a is not b for a, b in zip(view.instances, self.instances)):
             view._upload_keys(geo)
+        # the baked instances stay baked while the view keeps them; one moved, the static tree without them (made
+        # once) and every instance traced as one
+        view.baked = self.baked
+        if any(view.instances[i] is not self.instances[i] for i in self.baked):
+            view.baked = []
+            view._set_wide(geo)
         view._build_tlas(geo, window)
         view.geo = geo
         return view
@@ -338,6 +420,9 @@ class SceneGeometry:
         if self.tlas is None or window == self.time_window:
             return
         lo, hi = self._swept_bounds(window)
+        self.geo.inst_lo.assign(lo)
+        self.geo.inst_hi.assign(hi)
+        lo, hi = lo[self._traced], hi[self._traced]
         self._tlas_lowers.assign(lo)
         self._tlas_uppers.assign(hi)
         self.tlas.refit()
