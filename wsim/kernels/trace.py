@@ -505,18 +505,40 @@ def cone_of(dirs: mat64x3, n: int, ok: vec64f) -> wp.vec4:
     ...
 
 
+def _cone_of_all(src: str) -> str:
+    """:data:`_CONE_OF` with every ray ``k < n`` taken (no mask to read)."""
+    for a, b in (("    v16 okv;\n    __builtin_memcpy(&okv, &ok.c[16 * c], sizeof(v16));\n"
+                  "    MK[c] = (okv != ZERO) & ((16 * c + IOTA) < N);", "    MK[c] = (16 * c + IOTA) < N;"),
+                 ("if (ok.c[j] != 0.0f) {", "{"), ("if (ok.c[j] != 0.0f) cmin", "cmin")):
+        assert src.count(a) >= 1, a
+        src = src.replace(a, b)
+    return src
+
+
+@wp.func_native(_cone_of_all(_CONE_OF.replace("@SHUFFLES16@", SHUFFLES16)))
+def cone_of_all(dirs: mat64x3, n: int) -> wp.vec4:
+    """:func:`cone_of` of every ray ``k < n`` (a tile's: no mask to make and read)."""
+    ...
+
+
+@wp.func(inline=True)
+def cone_listed(geo: SceneGeo, origin: wp.vec3, cone: wp.vec4) -> Listed:
+    """:func:`cone_instances` of a cone from :func:`cone_of`: at most 60° (a wider one, or no ray: ``n`` = −1, not
+    listed)."""
+    listed = Listed()
+    listed.n = -1
+    cmin = cone[3]
+    if cmin > 0.5:  # a cone of at most 60 degrees
+        listed = cone_instances(geo, origin, wp.vec3(cone[0], cone[1], cone[2]), wp.sqrt(1.0 - cmin * cmin) / cmin)
+    return listed
+
+
 @wp.func(inline=True)
 def packet_instances(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, ok: vec64f) -> Listed:
     """:func:`cone_instances` for the rays ``k < n`` with ``ok[k]`` != 0 from ``origin`` along unit ``dirs[k]``: a
     cone around their mean direction that holds them all (:func:`cone_of`), of at most 60° (a wider one, or no ray:
     ``n`` = −1, not listed)."""
-    listed = Listed()
-    listed.n = -1
-    cone = cone_of(dirs, n, ok)
-    cmin = cone[3]
-    if cmin > 0.5:  # a cone of at most 60 degrees
-        listed = cone_instances(geo, origin, wp.vec3(cone[0], cone[1], cone[2]), wp.sqrt(1.0 - cmin * cmin) / cmin)
-    return listed
+    return cone_listed(geo, origin, cone_of(dirs, n, ok))
 
 
 @wp.func(inline=True)
@@ -844,7 +866,7 @@ def continue_past(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, prev_t: fl
     return closest_hit(geo, origin, direction, prev_t + HIT_EPS_ABS + HIT_EPS_REL * prev_t, t_max, time)
 
 
-@wp.kernel
+@wp.kernel(enable_backward=False)  # (traced forward only: no adjoint code to compile)
 def trace_closest_kernel(
     geo: SceneGeo,
     origins: wp.array[wp.vec3],
@@ -881,46 +903,81 @@ WHOLE_COS = wp.constant(0.9986295)
 LIST_COS = WHOLE_COS
 
 
+@wp.func_native(r"""
+#if defined(__CUDA_ARCH__)
+return __int_as_float(__float_as_int(x) + 1);
+#else
+int b;
+__builtin_memcpy(&b, &x, sizeof(int));
+b += 1;
+float r;
+__builtin_memcpy(&r, &b, sizeof(float));
+return r;
+#endif
+""")
+def _next_up(x: float) -> float:
+    """The float just above ``x`` (finite, >= 0)."""
+    ...
+
+
 @wp.func(inline=True)
-def _trace_listed(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_max: float,
-                  times: wp.array[float], idx: vec64i, res: mat64x4, hits: wp.array(dtype=Any)) -> int:
-    """:func:`_trace_group`'s hits of a narrow packet (rays ``idx[k]``, ``k < m``) at one instant, from 0, with the
-    instances its rays may meet listed once (:func:`packet_instances`; ``res``: the static answers over the whole
-    range): the listed instances traversed once as packets (:func:`listed_packet`; none listed: the static answers
-    alone). 0 (nothing written) when they are not listed. (Its own function: its records are declared, and zeroed,
-    only for such packets.)"""
-    ok = vec64f()
+def _put_instances_first(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_max: float, time: float,
+                         idx: vec64i, listed: Listed, hits: wp.array(dtype=Any)):
+    """:func:`_trace_instances_first`'s records where instances are listed: each traversed once as a packet
+    (:func:`listed_packet`, from no static answer), then the static 8-wide BVH as one packet, each ray only up to
+    its instance surface, that distance included (a static surface there wins, as in :func:`closest_hit`): a ray
+    on a moving car no longer looks for the street behind it. (Its own function: its records are declared, and
+    zeroed, only for such packets.)"""
     active = vec64i()
+    none = mat64x4()
     for k in range(m):
-        ok[k] = 1.0
         active[k] = 1
-    listed = packet_instances(geo, o, dirs, m, ok)
+        none[k, 1] = -1.0
+    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, none, listed)
+    hi = vec64f()
+    for k in range(m):
+        hi[k] = t_max
+        if lf[k] >= 0:
+            hi[k] = wp.min(t_max, _next_up(lt[k]))
+    res = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
+                        dirs, lo, hi, m)
+    for k in range(m):
+        d = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
+        if res[k, 1] >= 0.0:
+            _put(hits, idx[k], static_hit(geo, o, d, time, 0.0, t_max,
+                                          wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
+        else:
+            _put(hits, idx[k], nearest_hit(geo, o, d, time, lt[k], lf[k], li[k], lu[k], lv[k],
+                                           wp.vec3(lnx[k], lny[k], lnz[k])))
+
+
+@wp.func(inline=True)
+def _trace_instances_first(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_max: float,
+                           times: wp.array[float], idx: vec64i, hits: wp.array(dtype=Any)) -> int:
+    """:func:`_trace_group`'s narrow packet (rays ``idx[k]``, ``k < m``, over their whole range) at one instant, from
+    0: the instances its rays may meet listed once (:func:`packet_instances`' cone, all rays taken). 2: some are, and the records are
+    written (:func:`_put_instances_first`); 1: none is (the static packet's answers are the records); 0: too many
+    to list (ray by ray through the top level)."""
+    listed = cone_listed(geo, o, cone_of_all(dirs, m))
     if listed.n < 0:
         return 0
-    time = times[idx[0]]
     if listed.n == 0:
-        _put_static(hits, geo, o, dirs, time, idx, m, 0.0, t_max, res)
         return 1
-    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, res, listed)
-    for k in range(m):
-        _put(hits, idx[k], nearest_hit(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), time, lt[k], lf[k],
-                                       li[k], lu[k], lv[k], wp.vec3(lnx[k], lny[k], lnz[k])))
-    return 1
+    _put_instances_first(geo, o, dirs, m, lo, t_max, times[idx[0]], idx, listed, hits)
+    return 2
 
 
 @wp.func(inline=True)
-def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: vec64f, t_min: float, t_max: float,
-                  times: wp.array[float], idx: vec64i, same_time: bool, res: mat64x4, hits: wp.array(dtype=Any)):
+def _trace_narrow(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, t_min: float, t_max: float,
+                  times: wp.array[float], idx: vec64i, same_time: bool, listing: int, res: mat64x4,
+                  hits: wp.array(dtype=Any)):
     """:func:`_trace_group`'s hits of a narrow packet (rays within ``LIST_COS`` of its first; ``res``: their
-    packet's answers over their whole range, a narrow packet staying narrow out of the scene): at one instant from 0
-    the instances are listed once (:func:`_trace_listed`), else each ray's go through the top level. (Its own
-    function: its vectors are declared, and zeroed, only for such packets.)"""
-    if geo.num_instances == 0 and same_time:
+    packet's answers over their whole range, a narrow packet staying narrow out of the scene) whose instances were
+    not traversed first (``listing``: :func:`_trace_instances_first`'s answer): with no instance near, at one
+    instant, the static answers; else each ray's instances through the top level."""
+    if same_time and (geo.num_instances == 0 or listing == 1):
         _put_static(hits, geo, o, dirs, times[idx[0]], idx, m, t_min, t_max, res)
         return
-    if geo.num_instances > 0 and same_time and t_min == 0.0:
-        if _trace_listed(geo, o, dirs, m, lo, t_max, times, idx, res, hits) != 0:
-            return
     for k in range(m):
         i = idx[k]
         _put(hits, i, closest_hit_given(geo, o, wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2]), t_min, t_max,
@@ -937,8 +994,9 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
     the instances ray by ray through the top level (the closest hit inside the reach is the closest hit of the whole
     range); a ray that meets nothing there is traced alone, from 0 instances first (:func:`closest_hit_beyond`). A
     group within ``WHOLE_COS`` is traced over its whole range at once (a narrow packet stays narrow out of the
-    scene); a narrow one (within ``LIST_COS``) is then :func:`_trace_narrow`'s: at one instant (from 0) the instances its rays may meet are listed
-    once and traversed as packets. Groups of rays from several origins, or not within ``PACKET_COS`` of one
+    scene); of a narrow one (within ``LIST_COS``) at one instant (from 0) the instances its rays may meet are listed
+    once and traversed first, as packets (:func:`_trace_instances_first`), then the static tree up to their
+    surfaces; else :func:`_trace_narrow`'s. Groups of rays from several origins, or not within ``PACKET_COS`` of one
     direction and octant: ray by ray."""
     o = origins[idx[0]]
     dirs = unit_dirs(directions, idx, m)
@@ -956,10 +1014,15 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
         for k in range(m):
             lo[k] = t_min
             hi[k] = reach
+        listing = int(0)
+        if narrow and whole and same_time and t_min == 0.0 and geo.num_instances > 0:
+            listing = _trace_instances_first(geo, o, dirs, m, lo, t_max, times, idx, hits)
+            if listing == 2:
+                return
         res = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
                             dirs, lo, hi, m)
         if narrow:
-            _trace_narrow(geo, o, dirs, m, lo, t_min, t_max, times, idx, same_time, res, hits)
+            _trace_narrow(geo, o, dirs, m, t_min, t_max, times, idx, same_time, listing, res, hits)
             return
         for k in range(m):
             i = idx[k]
@@ -978,7 +1041,7 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
                                       times[i]))
 
 
-@wp.kernel
+@wp.kernel(enable_backward=False)  # (traced forward only: no adjoint code to compile)
 def trace_closest_packets_kernel(
     geo: SceneGeo,
     origins: wp.array[wp.vec3],
@@ -1101,7 +1164,7 @@ def prefetch_tile(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], tim
     ...
 
 
-@wp.kernel
+@wp.kernel(enable_backward=False)  # (traced forward only: no adjoint code to compile)
 def trace_closest_tiles_kernel(
     geo: SceneGeo,
     origins: wp.array[wp.vec3],
@@ -1132,7 +1195,7 @@ for _kernel in (trace_closest_kernel, trace_closest_packets_kernel, trace_closes
         wp.overload(_kernel, {"hits": wp.array(dtype=_record)})
 
 
-@wp.kernel
+@wp.kernel(enable_backward=False)  # (traced forward only: no adjoint code to compile)
 def trace_all_kernel(
     geo: SceneGeo,
     origins: wp.array[wp.vec3],
