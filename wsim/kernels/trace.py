@@ -1006,14 +1006,11 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
     whole = (kind & 4) != 0
     same_time = (kind & 8) != 0
     if shared:
-        lo = vec64f()
-        hi = vec64f()
         reach = wp.min(t_max, t_min + PACKET_REACH)
         if whole:
             reach = t_max  # a narrow packet stays narrow out of the scene: its whole range at once
-        for k in range(m):
-            lo[k] = t_min
-            hi[k] = reach
+        lo = vec64f(t_min)  # (every lane: one vector store, not a loop of 64)
+        hi = vec64f(reach)
         listing = int(0)
         if narrow and whole and same_time and t_min == 0.0 and geo.num_instances > 0:
             listing = _trace_instances_first(geo, o, dirs, m, lo, t_max, times, idx, hits)
