@@ -644,6 +644,17 @@ def box_entries(origin: wp.vec3, dirs: mat64x3, n: int, active: vec64i, lo: wp.v
 
 @wp.func_native(r"""
 const int N = n < 0 ? 0 : (n > 64 ? 64 : n);
+int any = 0;  // (no early exit: vectorised)
+for (int k = 0; k < 64; ++k) any |= (k < N) & (v.c[k] > 0.0f);
+return any;
+""")
+def any_positive(v: vec64f, n: int) -> int:
+    """1 where some ``v[k]`` > 0, ``k < n``, else 0."""
+    ...
+
+
+@wp.func_native(r"""
+const int N = n < 0 ? 0 : (n > 64 ? 64 : n);
 int first = -1;
 for (int k = 0; k < N; ++k) {
     if (!(hi.c[k] > 0.0f)) continue;
@@ -706,17 +717,23 @@ def listed_packet(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_min: 
         nx[k] = b.n[0]
         ny[k] = b.n[1]
         nz[k] = b.n[2]
+    return listed_onto(geo, origin, dirs, n, t_min, active, time, listed, bt, bf, bi, bu, bv, nx, ny, nz)
+
+
+@wp.func(inline=True)
+def listed_onto(geo: SceneGeo, origin: wp.vec3, dirs: mat64x3, n: int, t_min: vec64f, active: vec64i, time: float,
+                listed: Listed, bt: vec64f, bf: vec64i, bi: vec64i, bu: vec64f, bv: vec64f, nx: vec64f, ny: vec64f,
+                nz: vec64f):
+    """:func:`listed_packet`'s instances over the nearest surfaces found so far (``bt`` [m], ``bf`` face −1: none,
+    the range's end then, ``bi``, ``bu``, ``bv``, ``nx``, ``ny``, ``nz`` as it gives them): each listed instance
+    traversed once as a packet by the rays that enter its box before their ``bt``; the nearest surfaces then."""
     orgs = mat64x3()
     lds = mat64x3()
     lo = vec64f()
     for j in range(listed.n):
         idx = listed.idx[j]
         hi = box_entries(origin, dirs, n, active, geo.inst_lo[idx], geo.inst_hi[idx], bt, t_min)
-        meets = int(0)
-        for k in range(n):
-            if hi[k] > 0.0:
-                meets = 1
-        if meets == 0:  # (no ray enters the box: the instance can change no ray's answer)
+        if any_positive(hi, n) == 0:  # (no ray enters the box: the instance can change no ray's answer)
             continue
         xf = sample_keys(geo.key_time, geo.key_pos, geo.key_rot, geo.key_scale, geo.inst_key_start[idx],
                          geo.inst_key_count[idx], time)
@@ -928,12 +945,10 @@ def _put_instances_first(geo: SceneGeo, o: wp.vec3, dirs: mat64x3, m: int, lo: v
     its instance surface, that distance included (a static surface there wins, as in :func:`closest_hit`): a ray
     on a moving car no longer looks for the street behind it. (Its own function: its records are declared, and
     zeroed, only for such packets.)"""
-    active = vec64i()
-    none = mat64x4()
-    for k in range(m):
-        active[k] = 1
-        none[k, 1] = -1.0
-    lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, o, dirs, m, lo, active, t_max, time, none, listed)
+    # (listed_packet from no static answer: every ray at its range's end, no face; set up as vectors)
+    zero = vec64f()
+    lt, lf, li, lu, lv, lnx, lny, lnz = listed_onto(geo, o, dirs, m, lo, vec64i(1), time, listed, vec64f(t_max),
+                                                    vec64i(-1), vec64i(-1), zero, zero, zero, zero, vec64f(1.0))
     hi = vec64f()
     for k in range(m):
         hi[k] = t_max
