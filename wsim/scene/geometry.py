@@ -306,6 +306,8 @@ class SceneGeometry:
             lo, hi = lo[self._traced], hi[self._traced]
         else:
             geo.inst_lo = geo.inst_hi = wp.zeros(1, dtype=wp.vec3, device=self.device)  # (a struct's arrays are set)
+            lo = hi = np.zeros((0, 3), np.float32)
+        self._set_traced_box(geo, lo, hi)
         if len(self._traced):
             self._tlas_lowers = wp.array(lo, dtype=wp.vec3, device=self.device)  # refit in place with the tree
             self._tlas_uppers = wp.array(hi, dtype=wp.vec3, device=self.device)
@@ -324,6 +326,13 @@ class SceneGeometry:
         else:
             geo.inst_cull_boxes = wp.zeros(1, dtype=float, device=self.device)
             geo.inst_cull_child = wp.zeros(1, dtype=wp.int32, device=self.device)
+
+    def _set_traced_box(self, geo: _trace.SceneGeo, lo: np.ndarray, hi: np.ndarray) -> None:
+        """The box of the traced instances' boxes ``lo``, ``hi`` (zeros where there are none: then unused)."""
+        if len(lo):
+            geo.traced_lo, geo.traced_hi = wp.vec3(*lo.min(0)), wp.vec3(*hi.max(0))
+        else:
+            geo.traced_lo = geo.traced_hi = wp.vec3(0.0, 0.0, 0.0)
 
     def with_instances(self, scene: Scene, instances: list, window: tuple[float, float] | None = None
                        ) -> SceneGeometry:
@@ -423,6 +432,7 @@ class SceneGeometry:
         self.geo.inst_lo.assign(lo)
         self.geo.inst_hi.assign(hi)
         lo, hi = lo[self._traced], hi[self._traced]
+        self._set_traced_box(self.geo, lo, hi)
         self._tlas_lowers.assign(lo)
         self._tlas_uppers.assign(hi)
         self.tlas.refit()
