@@ -341,6 +341,45 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
     assert np.mean(grids[-2]["face"] >= 0) > 0.5
 
 
+@pytest.mark.parametrize("bake", [False, True], ids=["instances", "baked"])
+def test_instances_first_tiles_keep_static_ties_bit_for_bit(bake, monkeypatch):
+    """Camera tiles at one instant whose cone lists instances trace them first and then the static tree only up to
+    their surfaces, that distance included: a static wall with two coincident panels (instances) in its plane, and
+    a third panel before it, seen head-on and at 4° — every ray on the coincident panels ties, and the wall wins, as
+    ray by ray (then the first panel where only panels meet); every field bit for bit, brief records too. Baked
+    (parked panels copied into the static tree), the same answers."""
+    from wsim.scene import Instance
+    from wsim.scene import geometry as wgeo
+
+    if not bake:
+        monkeypatch.setattr(wgeo, "BAKE_MAX_TRIANGLES", 0)
+    p, f = quad_mesh([20.0, 0.0, 0.0], [0.0, 0.0, 8.0], [0.0, 8.0, 0.0])  # the wall, x = 20
+    scene = Scene(MeshData(p, f, 1))
+    scene.materials.append(Material.from_labels("steel_paint_retro", "steel", "paint", ["retroreflective"]))
+    scene.parts.append(Part("wall", material=1, semantic_class=scene.semantic_class_index("wall")))
+    qp, qf = quad_mesh([1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0])
+    scene.prototypes.append(MeshData(qp, qf, 0, name="panel"))
+    for k, (x, z) in enumerate(((19.0, 0.0), (19.0, 0.0), (12.0, 0.9))):
+        scene.instances.append(Instance(0, [0.0], [[x, 0.0, z]], [[0.0, 0.0, 0.0, 1.0]], object_id=100 + k))
+    geo = SceneGeometry(scene, "cpu")
+    assert geo.geo.num_instances == (0 if bake else 3) and len(geo.baked) == (3 if bake else 0)
+    rows, cols = 61, 125
+    d = _grid_rays(np.zeros(3), [1.0, 0.0, 0.0], rows, cols, 8.0, 4.0)  # tiles of 1° x 0.25°: narrow packets
+    o = np.zeros_like(d)
+    tt = np.zeros(rows * cols)
+    g = geo.trace(o, d, tt).numpy()
+    r = _trace_ray_by_ray(geo, o.reshape(-1, 3), d.reshape(-1, 3), tt, 0.0, 1.0e6)
+    for k in g:
+        assert np.array_equal(np.ascontiguousarray(g[k]).view(np.uint8),
+                              np.ascontiguousarray(r[k]).view(np.uint8)), k
+    _assert_brief_is_the_records(geo.trace(o, d, tt, brief=True).numpy(), r)
+    u = d.reshape(-1, 3) / d.reshape(-1, 3)[:, :1]  # the ray's point at x = 1
+    tie = (np.abs(u[:, 1]) * 20.0 < 0.99) & (np.abs(u[:, 2]) * 20.0 < 0.99) & (np.abs(u[:, 2] * 13.0 - 0.9) > 1.01)
+    assert tie.sum() > 1000 and np.all(r["face"][tie] >= 0) and np.all(r["instance"][tie] == -1)  # the wall won
+    front = (np.abs(u[:, 1]) * 13.0 < 0.99) & (np.abs(u[:, 2] * 13.0 - 0.9) < 0.99)
+    assert front.sum() > 100 and np.all(r["instance"][front] == 2)  # the panel before the wall
+
+
 def test_listed_instance_box_tests_keep_the_nan_rules(unbaked):
     """A camera grid aimed at a parked car from a point on the planes of its box's side and top faces, with
     directions whose y or z component is exactly 0 (1/0 = inf, and 0 x inf = NaN slab distances): the listed
