@@ -754,6 +754,28 @@ def test_refit_static_updates_the_wide_bvh():
     assert geo.trace([[0, 0, 0]], [[1, 0, 0]]).numpy()["t"][0] == pytest.approx(7.5, abs=1e-5)
 
 
+def test_refit_static_with_a_baked_parked_instance_moves_the_static_surface_alone():
+    """A parked instance baked into the static wide BVH: after the static mesh's points are edited and refit, the
+    rebuilt tree holds the edited static surface and the instance where it was."""
+    p, f = quad_mesh([5.0, 0, 0], [0, 10, 0], [0, 0, 10])
+    scene = _static_scene(p, f)
+    bp, bf = box_mesh([-0.5, -0.5, -0.5], [0.5, 0.5, 0.5])
+    scene.prototypes.append(MeshData(bp, bf, 1))
+    scene.instances.append(Instance(0, [0.0], [[3.0, 2.0, 0.0]], [[0.0, 0.0, 0.0, 1.0]], object_id=7))
+    geo = SceneGeometry(scene, "cpu")
+    assert geo.baked == [0]
+    o, d = [[0, 0, 0], [0, 2, 0]], [[1, 0, 0], [1, 0, 0]]
+    h = geo.trace(o, d).numpy()
+    np.testing.assert_allclose(h["t"], [5.0, 2.5], atol=1e-5)
+    pts = geo.static_mesh.points.numpy()
+    pts[:, 0] = 7.5
+    geo.static_mesh.points.assign(pts)
+    geo.refit_static()
+    h = geo.trace(o, d).numpy()
+    np.testing.assert_allclose(h["t"], [7.5, 2.5], atol=1e-5)
+    assert list(h["instance"]) == [-1, 0]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # watertightness: rays aimed exactly at shared edges and vertices of closed meshes never pass through
 

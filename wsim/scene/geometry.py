@@ -109,7 +109,7 @@ class SceneGeometry:
         self._keep: list = []
         self._owner = self  # the geometry whose meshes and wide BVHs this one uses (a view: its base)
         self._mesh_options = (ctor, leaf_size)
-        self._wide_cache: dict[tuple[int, ...], dict | None] = {}  # static wide BVHs by the instances baked in
+        self._wide_cache: dict[tuple[int, ...], tuple | None] = {}  # static wide BVHs by the instances baked in
 
         def mesh(m) -> wp.Mesh:
             pts = wp.array(m.points, dtype=wp.vec3, device=d, requires_grad=True)  # vertex gradients
@@ -198,9 +198,10 @@ class SceneGeometry:
             w = build_wide_bvh(self.static_mesh)
             out = None if w is None else (w, np.zeros(1, np.int32), np.zeros(1, np.int32))
         else:
-            st = self.scene.static
-            pts, idx, inst_of, face_of = [st.points], [st.indices.reshape(-1, 3)], [], []
-            off = len(st.points)
+            # the static mesh's vertices as the device mesh has them now (refit_static: edited in place)
+            st_pts = self.static_mesh.points.numpy()
+            pts, idx, inst_of, face_of = [st_pts], [self.static_mesh.indices.numpy().reshape(-1, 3)], [], []
+            off = len(st_pts)
             for i in baked:
                 inst = self.instances[i]
                 proto = self.scene.prototypes[inst.prototype]
