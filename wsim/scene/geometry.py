@@ -645,11 +645,13 @@ class SceneGeometry:
             hits = self._answer_array(n, _trace.HitBrief if brief else _trace.Hit)
             if self.geo.use_wide and grid is not None:  # CPU: a grid's tiles of neighbours as packets
                 tr, tc = _tile(r, rows, cols)
-                _launch.launch(_trace.trace_closest_tiles_kernel, -(-rows // tr) * -(-cols // tc),
-                               [self.geo, o, r, tt, t_min, t_max, rows, cols, tr, tc], [hits],
-                               device=d, threads=threads, min_shard=max(1, _launch.MIN_SHARD // (tr * tc)))
+                per = _trace.TILES_PER_THREAD
+                tiles = -(-rows // tr) * -(-cols // tc)
+                _launch.launch(_trace.trace_closest_tiles_kernel, -(-tiles // per),
+                               [self.geo, o, r, tt, t_min, t_max, rows, cols, tr, tc, per], [hits],
+                               device=d, threads=threads, min_shard=max(1, _launch.MIN_SHARD // (tr * tc * per)))
             elif self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
-                p = _trace.TRACE_PACKET
+                p = _trace.TRACE_PACKET * _trace.PACKETS_PER_THREAD
                 _launch.launch(_trace.trace_closest_packets_kernel, -(-n // p),
                                [self.geo, o, r, tt, t_min, t_max, n], [hits], device=d, threads=threads,
                                min_shard=max(1, _launch.MIN_SHARD // p))
