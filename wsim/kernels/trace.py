@@ -1187,15 +1187,24 @@ if (r0 < rows && c0 < cols) {
         fetch((const char*)directions.data, directions.strides[0], first, nc, 12);
         fetch((const char*)origins.data, origins.strides[0], first, nc, 12);
         fetch((const char*)times.data, times.strides[0], first, nc, 4);
+        if (rec_size > 0) {
+            const char* rp = (const char*)rec;
+            const unsigned long long a = (unsigned long long)(rp + first * rec_size);
+            const unsigned long long b = (unsigned long long)(rp + (first + nc) * rec_size - 1);
+            for (unsigned long long line = a & ~63ull; line <= b; line += 64) __builtin_prefetch((const char*)line, 1, 3);
+        }
     }
 }
 #endif
 """)
 def prefetch_tile(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], times: wp.array[float], t: int, rows: int,
-                  cols: int, tile_rows: int, tile_cols: int):
+                  cols: int, tile_rows: int, tile_cols: int, rec: wp.uint64, rec_size: int):
     """Ask the CPU to fetch the origins, directions and times of tile ``t`` (:func:`tile_indices`; none past the
     grid) into its caches; the tiles' rays lie in ``tile_rows`` runs of the arrays, which the hardware's own
-    prefetch follows poorly. Nothing on CUDA."""
+    prefetch follows poorly. With ``rec_size`` > 0 also the tile's records (``rec_size`` bytes each from address
+    ``rec`` on), for writing: measured, brief records (20 bytes), one thread, 1080p camera rays and the lidar fan
+    1-4 % faster; full Hit records 20 % slower (a tile's records fill a sixth of the L1 cache), so not asked for
+    them. Nothing on CUDA."""
     ...
 
 
@@ -1220,18 +1229,22 @@ def trace_closest_tiles_kernel(
     tile_rows: int,
     tile_cols: int,
     per_thread: int,
+    rec: wp.uint64,
+    rec_size: int,
     offset: int,
     hits: wp.array(dtype=Any),
 ):
     """:func:`trace_closest_kernel` over a row-major grid of ``rows`` × ``cols`` rays (an image's pixels, a lidar's
     azimuths × elevations), a tile of ``tile_rows`` × ``tile_cols`` neighbours (at most 64) as one group
     (:func:`_trace_group`; CPU, ``geo.use_wide``): neighbours in two directions make a narrower packet than a run of
-    one row. Each kernel thread takes ``per_thread`` tiles in a row (:data:`TILES_PER_THREAD`)."""
+    one row. Each kernel thread takes ``per_thread`` tiles in a row (:data:`TILES_PER_THREAD`); ``rec`` (the
+    address of ``hits``' data) and ``rec_size`` (> 0: its records' size, fetched ahead for writing) go to
+    :func:`prefetch_tile`."""
     tiles = ((rows + tile_rows - 1) // tile_rows) * ((cols + tile_cols - 1) // tile_cols)
     t0 = (wp.tid() + offset) * per_thread
     for j in range(wp.min(per_thread, tiles - t0)):
         t = t0 + j
-        prefetch_tile(origins, directions, times, t + PREFETCH_AHEAD, rows, cols, tile_rows, tile_cols)
+        prefetch_tile(origins, directions, times, t + PREFETCH_AHEAD, rows, cols, tile_rows, tile_cols, rec, rec_size)
         idx, m = tile_indices(t, rows, cols, tile_rows, tile_cols)
         _trace_group(geo, origins, directions, times, t_min, t_max, idx, m, hits)
 

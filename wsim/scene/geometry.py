@@ -648,7 +648,8 @@ class SceneGeometry:
                 per = _trace.TILES_PER_THREAD
                 tiles = -(-rows // tr) * -(-cols // tc)
                 _launch.launch(_trace.trace_closest_tiles_kernel, -(-tiles // per),
-                               [self.geo, o, r, tt, t_min, t_max, rows, cols, tr, tc, per], [hits],
+                               [self.geo, o, r, tt, t_min, t_max, rows, cols, tr, tc, per, wp.uint64(hits.ptr),
+                                hits.strides[0] if brief else 0], [hits],
                                device=d, threads=threads, min_shard=max(1, _launch.MIN_SHARD // (tr * tc * per)))
             elif self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
                 p = _trace.TRACE_PACKET * _trace.PACKETS_PER_THREAD
