@@ -135,6 +135,7 @@ rf cOkx[MAXC], cOky[MAXC], cOkz[MAXC];    // the start point's (kx, ky, kz) comp
 ri cKX[MAXC], cKY[MAXC], cKZ[MAXC];        // (kx, ky, kz) per lane
 int cUni[MAXC];                           // 1: every lane of the chunk has the same (kx, ky, kz)
 int cRay[MAXC][RW];                        // the packet row of each lane, -1 for padding
+ri cVal[MAXC];                            // -1 for a ray's lane, 0 for padding
 // frustum bounds per axis over the active rays: start range, 1/d ranges of the rays going + and −
 float slo[3], shi[3], rpl[3], rph[3], fpl[3], fph[3], rnl[3], rnh[3], fnl[3], fnh[3];
 int pos[3] = {0, 0, 0}, neg[3] = {0, 0, 0}, drop[3] = {0, 0, 0};
@@ -163,8 +164,9 @@ const int nc = (na + RW - 1) / RW;
     const rf VZ = 0.0f, VPI = INFINITY, VNI = -INFINITY, VONE = 1.0f, VM1 = -1.0f;
     const ri IZ = 0, I1 = 1, I2 = 2;
     rf aSL[3] = {VPI, VPI, VPI}, aSH[3] = {VNI, VNI, VNI};
-    rf aRPL[3] = {VPI, VPI, VPI}, aRPH[3] = {VNI, VNI, VNI}, aFPL[3] = {VPI, VPI, VPI}, aFPH[3] = {VNI, VNI, VNI};
-    rf aRNL[3] = {VPI, VPI, VPI}, aRNH[3] = {VNI, VNI, VNI}, aFNL[3] = {VPI, VPI, VPI}, aFNH[3] = {VNI, VNI, VNI};
+    // the reciprocals' range over the lanes that count (valid, finite): that of the rays going + or −, where all go
+    // one way (a packet in one octant); both split after the loop where they do not
+    rf aRL[3] = {VPI, VPI, VPI}, aRH[3] = {VNI, VNI, VNI};
     ri aPos[3] = {IZ, IZ, IZ}, aNeg[3] = {IZ, IZ, IZ}, aDrop[3] = {IZ, IZ, IZ};
     // a chunk of 8 lanes at a time, each lane set up exactly as wide_closest sets up its ray; a padding lane is a
     // copy of its chunk's first ray that can hit nothing (t_max = -1)
@@ -231,40 +233,67 @@ const int nc = (na + RW - 1) / RW;
         auto pick = [](ri kk, rf x, rf y, rf z) -> rf { const ri K0 = 0, K1 = 1; return kk == K0 ? x : (kk == K1 ? y : z); };
         const rf dkz = pick(kz, D[0], D[1], D[2]);
         const ri flip = dkz < VZ;
-        const ri kx0 = kx;
-        kx = flip ? ky : kx;
-        ky = flip ? kx0 : ky;
-        cSx[c] = pick(kx, D[0], D[1], D[2]) / dkz;
-        cSy[c] = pick(ky, D[0], D[1], D[2]) / dkz;
-        cOkx[c] = pick(kx, O[0], O[1], O[2]);
-        cOky[c] = pick(ky, O[0], O[1], O[2]);
-        cOkz[c] = pick(kz, O[0], O[1], O[2]);
-        cKX[c] = kx; cKY[c] = ky; cKZ[c] = kz;
-        cUni[c] = !anyr((kx != (ri)kx[0]) | (ky != (ri)ky[0]) | (kz != (ri)kz[0]));
+        cUni[c] = !anyr((kz != (ri)kz[0]) | (flip != (ri)flip[0]));
+        if (cUni[c]) {
+            // one axis permutation for every lane (a packet within a few degrees): the components by index
+            const int z0 = kz[0];
+            const int x0 = flip[0] ? ky[0] : kx[0], y0 = flip[0] ? kx[0] : ky[0];
+            cSx[c] = D[x0] / dkz;
+            cSy[c] = D[y0] / dkz;
+            cOkx[c] = O[x0]; cOky[c] = O[y0]; cOkz[c] = O[z0];
+            cKX[c] = x0; cKY[c] = y0; cKZ[c] = z0;
+        } else {
+            const ri kx0 = kx;
+            kx = flip ? ky : kx;
+            ky = flip ? kx0 : ky;
+            cSx[c] = pick(kx, D[0], D[1], D[2]) / dkz;
+            cSy[c] = pick(ky, D[0], D[1], D[2]) / dkz;
+            cOkx[c] = pick(kx, O[0], O[1], O[2]);
+            cOky[c] = pick(ky, O[0], O[1], O[2]);
+            cOkz[c] = pick(kz, O[0], O[1], O[2]);
+            cKX[c] = kx; cKY[c] = ky; cKZ[c] = kz;  // ((kx, ky) follow from kz and the flip: not uniform)
+        }
         // the frustum over the chunk's active lanes
         for (int a = 0; a < 3; ++a) {
             // (a NaN start point is passed over: VMIN / VMAX give their second operand when unordered)
             aSL[a] = valid ? VMIN(O[a], aSL[a]) : aSL[a];
             aSH[a] = valid ? VMAX(O[a], aSH[a]) : aSH[a];
             const ri fin = (R[a] - R[a] == VZ) & (W[a] - W[a] == VZ);
-            const ri dr = valid & ~fin;
-            const ri ps = valid & fin & (R[a] > VZ);
-            const ri ng = valid & fin & ~(R[a] > VZ);
-            aDrop[a] |= dr; aPos[a] |= ps; aNeg[a] |= ng;
-            aRPL[a] = ps ? VMIN(aRPL[a], R[a]) : aRPL[a]; aRPH[a] = ps ? VMAX(aRPH[a], R[a]) : aRPH[a];
-            aFPL[a] = ps ? VMIN(aFPL[a], W[a]) : aFPL[a]; aFPH[a] = ps ? VMAX(aFPH[a], W[a]) : aFPH[a];
-            aRNL[a] = ng ? VMIN(aRNL[a], R[a]) : aRNL[a]; aRNH[a] = ng ? VMAX(aRNH[a], R[a]) : aRNH[a];
-            aFNL[a] = ng ? VMIN(aFNL[a], W[a]) : aFNL[a]; aFNH[a] = ng ? VMAX(aFNH[a], W[a]) : aFNH[a];
+            const ri ok = valid & fin;
+            aDrop[a] |= valid & ~fin;
+            aPos[a] |= ok & (R[a] > VZ);
+            aNeg[a] |= ok & ~(R[a] > VZ);
+            aRL[a] = ok ? VMIN(aRL[a], R[a]) : aRL[a];
+            aRH[a] = ok ? VMAX(aRH[a], R[a]) : aRH[a];
         }
+        cVal[c] = valid;
     }
     // (no bound is NaN: NaN start points are passed over, the reciprocals that are not finite dropped above)
     auto hmin = [](rf x) -> float { return HTREE(x, VMIN); };
     auto hmax = [](rf x) -> float { return HTREE(x, VMAX); };
     for (int a = 0; a < 3; ++a) {
         slo[a] = hmin(aSL[a]); shi[a] = hmax(aSH[a]);
-        rpl[a] = hmin(aRPL[a]); rph[a] = hmax(aRPH[a]); fpl[a] = hmin(aFPL[a]); fph[a] = hmax(aFPH[a]);
-        rnl[a] = hmin(aRNL[a]); rnh[a] = hmax(aRNH[a]); fnl[a] = hmin(aFNL[a]); fnh[a] = hmax(aFNH[a]);
         pos[a] = anyr(aPos[a]) != 0; neg[a] = anyr(aNeg[a]) != 0; drop[a] = anyr(aDrop[a]) != 0;
+        rpl[a] = rnl[a] = INFINITY; rph[a] = rnh[a] = -INFINITY;
+        if (pos[a] && neg[a]) {  // rays going both ways: each way's range from the chunks' reciprocals
+            rf pl = VPI, ph = VNI, nl = VPI, nh = VNI;
+            for (int c = 0; c < nc; ++c) {
+                const rf Ra = a == 0 ? cRx[c] : (a == 1 ? cRy[c] : cRz[c]);
+                const rf Wa = Ra * WIDEN;
+                const ri ok = cVal[c] & (Ra - Ra == VZ) & (Wa - Wa == VZ);
+                const ri ps = ok & (Ra > VZ), ng = ok & ~(Ra > VZ);
+                pl = ps ? VMIN(pl, Ra) : pl; ph = ps ? VMAX(ph, Ra) : ph;
+                nl = ng ? VMIN(nl, Ra) : nl; nh = ng ? VMAX(nh, Ra) : nh;
+            }
+            rpl[a] = hmin(pl); rph[a] = hmax(ph); rnl[a] = hmin(nl); rnh[a] = hmax(nh);
+        } else if (pos[a]) {
+            rpl[a] = hmin(aRL[a]); rph[a] = hmax(aRH[a]);
+        } else if (neg[a]) {
+            rnl[a] = hmin(aRL[a]); rnh[a] = hmax(aRH[a]);
+        }
+        // the widened reciprocals' range: rounding is monotone, so the widened bound is the bound widened (a lane
+        // whose widened reciprocal overflows is dropped above, and then the axis bounds nothing)
+        fpl[a] = rpl[a] * WIDEN; fph[a] = rph[a] * WIDEN; fnl[a] = rnl[a] * WIDEN; fnh[a] = rnh[a] * WIDEN;
     }
 }
 // one start point (the same float bits) and one watertight axis permutation for every lane of the packet (a camera's
