@@ -9,8 +9,8 @@ from typing import Any
 
 import warp as wp
 
-from .packet import (SHUFFLES16, group_kind, mat64x3, mat64x4, unit_dirs, vec64f, vec64i, wide_packet16,
-                     wide_packet16_shared_at, wide_packet_at)
+from .packet import (SHUFFLES16, group_kind, mat64x3, mat64x4, packet_brief_source, unit_dirs, vec64f, vec64i,
+                     wide_packet16, wide_packet16_shared_at, wide_packet_at)
 from .pose import difference_window, sample_keys
 from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
 
@@ -171,37 +171,6 @@ def _put(out: wp.array[HitBrief], i: int, h: Hit):  # noqa: F811 - the overload 
     out[i] = b
 
 
-@wp.func_native(r"""
-const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
-for (int k = 0; k < M; ++k) {
-    auto& r = wp::index(out, idx.c[k]);
-    if (res.data[k][1] >= 0.0f) {
-        int slot;
-        __builtin_memcpy(&slot, &res.data[k][1], sizeof(int));
-        const int f = wp::index(fid, slot);
-        r.t = t_min + res.data[k][0];
-        r.u = res.data[k][2];
-        r.v = res.data[k][3];
-        if (f >= baked_from) {  // a parked instance's triangle (see _wide_nearest)
-            r.face = wp::index(baked_face, f - baked_from);
-            r.instance = wp::index(baked_inst, f - baked_from);
-        } else {
-            r.face = f;
-            r.instance = -1;
-        }
-    } else {
-        r.t = 0.0f;
-        r.face = -1;
-        r.u = 0.0f;
-        r.v = 0.0f;
-        r.instance = -1;
-    }
-}
-""")
-def _brief_static(out: wp.array[HitBrief], fid: wp.array[wp.int32], baked_from: int, baked_inst: wp.array[wp.int32],
-                  baked_face: wp.array[wp.int32], idx: vec64i, m: int, t_min: float, res: mat64x4): ...
-
-
 @wp.func(inline=True)
 def _put_static(out: wp.array[Hit], geo: SceneGeo, o: wp.vec3, dirs: mat64x3, time: float, idx: vec64i, m: int,
                 t_min: float, t_max: float, res: mat64x4):
@@ -213,12 +182,35 @@ def _put_static(out: wp.array[Hit], geo: SceneGeo, o: wp.vec3, dirs: mat64x3, ti
                                      wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])))
 
 
+@wp.func_native(packet_brief_source())
+def wide_packet16_brief(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
+                        v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3,
+                        dirs: mat64x3, t_min: vec64f, t_max: vec64f, n: int, out: wp.array[HitBrief], idx: vec64i,
+                        t0: float, baked_from: int, baked_inst: wp.array[wp.int32], baked_face: wp.array[wp.int32]):
+    """:func:`wsim.kernels.packet.wide_packet16`'s traversal with each ray's brief record written at once
+    (``out[idx[k]]``, the rays starting ``t0`` [m] along their directions): the brief records of
+    :func:`_put_static`'s full ones, the same bits. CPU only (nothing on CUDA)."""
+    ...
+
+
 @wp.func(inline=True)
-def _put_static(out: wp.array[HitBrief], geo: SceneGeo, o: wp.vec3, dirs: mat64x3,  # noqa: F811 - brief records
-                time: float, idx: vec64i, m: int, t_min: float, t_max: float, res: mat64x4):
-    """The brief records of :func:`_put_static`'s rays, the same bits, in one native loop (the generic one spends
-    some 40 instructions a ray: 1080p camera rays on the synthetic scene, one thread, 3-5 % of the trace)."""
-    _brief_static(out, geo.wide_fid, geo.baked_from, geo.baked_inst, geo.baked_face, idx, m, t_min, res)
+def _packet_static(out: wp.array[Hit], geo: SceneGeo, o: wp.vec3, dirs: mat64x3, time: float, idx: vec64i, m: int,
+                   t_min: float, t_max: float, lo: vec64f, hi: vec64f):
+    """The records of rays ``idx[k]``, ``k < m``, from ``o`` along unit ``dirs[k]`` at ``time`` [s] over ``lo[k]``
+    to ``hi[k]`` [m] (the group's ``t_min`` to ``t_max``) with no instance near them: one packet through the static
+    wide BVH (:func:`_put_static`)."""
+    res = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
+                        dirs, lo, hi, m)
+    _put_static(out, geo, o, dirs, time, idx, m, t_min, t_max, res)
+
+
+@wp.func(inline=True)
+def _packet_static(out: wp.array[HitBrief], geo: SceneGeo, o: wp.vec3, dirs: mat64x3,  # noqa: F811 - brief records
+                   time: float, idx: vec64i, m: int, t_min: float, t_max: float, lo: vec64f, hi: vec64f):
+    """The brief records of :func:`_packet_static`'s rays, written by the packet itself
+    (:func:`wide_packet16_brief`, the same bits)."""
+    wide_packet16_brief(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o, dirs,
+                        lo, hi, m, out, idx, t_min, geo.baked_from, geo.baked_inst, geo.baked_face)
 
 
 @wp.struct
@@ -669,7 +661,12 @@ int first = -1;
 for (int k = 0; k < N; ++k) {
     if (!(hi.c[k] > 0.0f)) continue;
     if (first < 0) { first = k; continue; }
+#if defined(__CUDA_ARCH__)
+    for (int c = 0; c < 3; ++c)
+        if (__float_as_int(rows.data[k][c]) != __float_as_int(rows.data[first][c])) return -1;
+#else
     if (__builtin_memcmp(&rows.data[k][0], &rows.data[first][0], 3 * sizeof(float)) != 0) return -1;
+#endif
 }
 return first;
 """)
@@ -1061,13 +1058,13 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
                 listing = _trace_instances_first(geo, o, dirs, m, lo, t_max, times, idx, hits)
                 if listing == 2:
                     return
+        if narrow and same_time and (geo.num_instances == 0 or listing == 1):  # no instance near: static only
+            _packet_static(hits, geo, o, dirs, times[idx[0]], idx, m, t_min, t_max, lo, hi)
+            return
         res = wide_packet16(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, o,
                             dirs, lo, hi, m)
         if narrow:
-            if same_time and (geo.num_instances == 0 or listing == 1):
-                _put_static(hits, geo, o, dirs, times[idx[0]], idx, m, t_min, t_max, res)
-            else:
-                _trace_narrow(geo, o, dirs, m, t_min, t_max, times, idx, res, hits)
+            _trace_narrow(geo, o, dirs, m, t_min, t_max, times, idx, res, hits)
             return
         for k in range(m):
             i = idx[k]
