@@ -226,7 +226,7 @@ const int nc = (na + RW - 1) / RW;
         cTF[c] = valid ? SP * CULL : VM1;
         {
             // (values the compiler cannot see: else it hoists these stores out of the loop into four calls of memset,
-            // each after a vzeroupper — 2 % of tracing camera tiles in a profile)
+            // each after a vzeroupper — 0.6 % of tracing camera tiles in a profile)
             ri none = -1;
             rf zero = 0.0f;
 #if defined(__x86_64__)
