@@ -547,6 +547,28 @@ def test_renders_are_bit_identical_with_seeded_noise(device):
                                                    trajectory=STATIC).render(0.0, 0.1).xyz(), axis=1)) < 0.05
 
 
+def test_a_held_point_cloud_is_never_overwritten_and_a_dropped_one_is_reused(device):
+    """Delivered channels live in memory the lidar reuses only once every array of that render is gone."""
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    traj = Trajectory([0.0, 1.0], [[0, 0, 0], [10.0, 0, 0]], [[0, 0, 0, 1]] * 2)
+    lid = Lidar(config=rotary(n_el=8, ticks=400), scene=scene, trajectory=traj, device=device)
+    first = lid.render(0.0, 0.1)
+    kept = {k: v.copy() for k, v in first.numpy().items()}
+    xyz = first["Coordinates"].numpy()  # a view: holds the block as the point cloud would
+    ptr = first["Coordinates"].ptr
+    del first
+    for k in range(1, 4):  # later scans elsewhere (the sensor moves): other values
+        later = lid.render(k * 0.1, (k + 1) * 0.1)
+        assert later["Coordinates"].ptr != ptr
+        assert not np.array_equal(later["Coordinates"].numpy(), kept["Coordinates"])
+        np.testing.assert_array_equal(xyz, kept["Coordinates"])
+    del later, xyz
+    again = lid.render(0.0, 0.1)  # the dropped first block serves again, with the first render's values
+    assert again["Coordinates"].ptr == ptr
+    for k, v in again.numpy().items():
+        np.testing.assert_array_equal(v, kept[k], err_msg=k)
+
+
 def test_firing_rays_are_the_rays_the_render_traces(device):
     """Lidar.firing_rays: one world ray per firing (and sub-ray) in firing order, at the firing's time and pose."""
     scene = box_room_scene(ROOM_LO, ROOM_HI)
