@@ -10,7 +10,7 @@ from conftest import box_mesh, quad_mesh
 from wsim.kernels.shading import occluded
 from wsim.kernels.trace import Hit, SceneGeo, closest_hit, closest_hit_beyond, hit_distance, instances_may_meet
 from wsim.kernels.widebvh import wide_closest
-from wsim.launch import launch
+from wsim.launch import launch, shard_bounds
 from wsim.scene import Instance, Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
 from wsim.scene.transforms import quat_from_axis_angle, quat_slerp, quat_to_matrix
@@ -115,6 +115,21 @@ def test_sharded_cpu_launch_is_bit_identical():
     many = geo.trace(o, d, threads=4).numpy()
     for k in ("t", "point", "normal", "face", "u", "v"):
         assert np.array_equal(one[k], many[k]), k
+
+
+@pytest.mark.parametrize("dim,threads,min_shard", [(450, 2, 2), (2_073_600, 2, 2048), (10, 2, 4), (100_000, 4, 2048),
+                                                   (4097, 3, 2048)])
+def test_launch_shards_cover_the_work_largest_first(dim, threads, min_shard):
+    """Shards tile [0, dim) exactly, never grow, stay at least ``min_shard`` (but the last), and each round of
+    ``threads`` shards takes about half of what is left."""
+    b = np.array(shard_bounds(dim, threads, min_shard))
+    assert b[0] == 0 and b[-1] == dim
+    size = np.diff(b)
+    assert np.all(size > 0) and np.all(np.diff(size) <= 0)
+    assert np.all(size[:-1] >= min_shard)
+    first = size[:threads].sum()
+    assert first <= dim // 2 + threads * min_shard and (first >= dim // 2 or size[0] == min_shard)
+    assert len(size) <= threads * (np.log2(max(dim / min_shard, 1)) + 2)
 
 
 def test_moving_box_hit_at_interpolated_position(device):
