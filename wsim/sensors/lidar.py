@@ -6,10 +6,12 @@ trace against the scene at that time → echoes → intensity and detection → 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
 import threading
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
@@ -714,6 +716,9 @@ class _OutputBlocks:
         self.device = device
         self._free: list[wp.array] = []
         self._lock = threading.Lock()
+        # blocks whose views are all gone; appended by a finalizer, on whatever thread drops the last view, even
+        # inside arrays() (a garbage collection there): no lock, deque.append is atomic
+        self._returned: collections.deque[wp.array] = collections.deque()
 
     def _offsets(self, rows: dict[str, int]) -> tuple[dict[str, int], int]:
         off, at = {}, 0
@@ -723,35 +728,46 @@ class _OutputBlocks:
             at += -(-int(np.prod(shape(n))) * wp.types.type_size_in_bytes(dtype) // self.ALIGN) * self.ALIGN
         return off, at
 
+    def _take(self, size: int) -> wp.array | None:
+        """A free block of at least ``size`` bytes, the last one freed (warmest in the caches), or None."""
+        with self._lock:
+            while self._returned:
+                self._free = self._free[-(self.KEEP - 1):] + [self._returned.popleft()]
+            for i in range(len(self._free) - 1, -1, -1):
+                if self._free[i].shape[0] >= size:
+                    return self._free.pop(i)
+        return None
+
     def arrays(self, rows: dict[str, int], reserve: int) -> dict[str, wp.array]:
         """Uninitialised arrays of ``rows[name]`` points each (:data:`_OUTPUT_LAYOUT`), in a block big enough for
         ``reserve`` points of every non-empty one (so that the next render's block is this one)."""
         off, size = self._offsets(rows)
+        out = {k: wp.empty(_OUTPUT_LAYOUT[k][1](0), dtype=_OUTPUT_LAYOUT[k][0], device=self.device)
+               for k, n in rows.items() if n == 0}
         if size == 0:
-            return {k: wp.empty(_OUTPUT_LAYOUT[k][1](0), dtype=_OUTPUT_LAYOUT[k][0], device=self.device) for k in rows}
-        with self._lock:
-            fits = [i for i, b in enumerate(self._free) if b.shape[0] >= size]
-            block = self._free.pop(fits[-1]) if fits else None  # the last one freed: warmest in the caches
+            return out
+        block = self._take(size)
         if block is None:
             full = self._offsets({k: max(n, reserve) if n else 0 for k, n in rows.items()})[1]
             block = wp.empty(max(size, full), dtype=wp.uint8, device=self.device)
-        live = [sum(1 for n in rows.values() if n)]
+        holder = _BlockHolder()  # held by every view (through its deleter); gone with the last of them
+        weakref.finalize(holder, self._returned.append, block)
 
-        def release(_ptr: int, _size: int) -> None:  # an array of the block is gone
-            with self._lock:
-                live[0] -= 1
-                if live[0] == 0:
-                    self._free = self._free[-(self.KEEP - 1):] + [block]
+        def held(_ptr: int, _size: int, _holder: _BlockHolder = holder) -> None:  # (the block frees nothing)
+            pass
 
-        out = {}
         for k, n in rows.items():
-            dtype, shape = _OUTPUT_LAYOUT[k]
-            if n == 0:
-                out[k] = wp.empty(shape(0), dtype=dtype, device=self.device)
-            else:
+            if n:
+                dtype, shape = _OUTPUT_LAYOUT[k]
                 out[k] = wp.array(ptr=block.ptr + off[k], dtype=dtype, shape=shape(n), device=self.device,
-                                  deleter=release)
+                                  deleter=held)
         return out
+
+
+class _BlockHolder:
+    """What the views of one output block hold in common (:class:`_OutputBlocks`)."""
+
+    __slots__ = ("__weakref__",)
 
 
 class _Scratch:
