@@ -1083,6 +1083,18 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
                                       times[i]))
 
 
+@wp.func_native(r"""
+#if !defined(__CUDA_ARCH__) && defined(__x86_64__)
+__builtin_ia32_sfence();
+#endif
+""")
+def store_fence():
+    """Order the streaming (non-temporal) stores made so far before any later store (x86 CPU; nothing else): the
+    brief records written past the caches (:func:`wsim.kernels.packet.packet_brief_source`) are then seen by whoever
+    reads them after the kernel."""
+    ...
+
+
 @wp.kernel(enable_backward=False)  # (traced forward only: no adjoint code to compile)
 def trace_closest_packets_kernel(
     geo: SceneGeo,
@@ -1105,6 +1117,7 @@ def trace_closest_packets_kernel(
         for k in range(m):
             idx[k] = s + k
         _trace_group(geo, origins, directions, times, t_min, t_max, idx, m, hits)
+    store_fence()
 
 
 #: The tile of :func:`trace_closest_tiles_kernel`: 64 rays, 16 along the grid's finer axis (the smaller angle between
@@ -1218,9 +1231,10 @@ def prefetch_tile(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], tim
     grid) into its caches; the tiles' rays lie in ``tile_rows`` runs of the arrays, which the hardware's own
     prefetch follows poorly. ``near``: into every level (1), or into L2 and the last-level cache (0, a tile due
     later). With ``rec_size`` > 0 also the tile's records (``rec_size`` bytes each from address
-    ``rec`` on), for writing: measured, brief records (20 bytes), one thread, 1080p camera rays and the lidar fan
-    1-4 % faster; full Hit records 20 % slower (a tile's records fill a sixth of the L1 cache), so not asked for
-    them. Nothing on CUDA."""
+    ``rec`` on), for writing: measured, brief records (20 bytes), one thread, the lidar fan 1-4 % faster; full Hit
+    records 20 % slower (a tile's records fill a sixth of the L1 cache), so not asked for them; nor for tiles
+    whose rows of 16 records are streamed past the caches (a camera's: fetching them only costs). Nothing on
+    CUDA."""
     ...
 
 
@@ -1265,6 +1279,7 @@ def trace_closest_tiles_kernel(
                           cols, tile_rows, tile_cols, rec, rec_size, 1 - ahead)
         idx, m = tile_indices(t, rows, cols, tile_rows, tile_cols)
         _trace_group(geo, origins, directions, times, t_min, t_max, idx, m, hits)
+    store_fence()
 
 
 #: The closest-hit kernels are made for both records (explicitly: an instance made at a launch would rebuild the module).

@@ -646,10 +646,11 @@ class SceneGeometry:
             if self.geo.use_wide and grid is not None:  # CPU: a grid's tiles of neighbours as packets
                 tr, tc = _tile(r, rows, cols)
                 per = _trace.TILES_PER_THREAD
+                # brief records fetched ahead for writing, except rows of 16 (streamed past the caches)
                 tiles = -(-rows // tr) * -(-cols // tc)
                 _launch.launch(_trace.trace_closest_tiles_kernel, -(-tiles // per),
                                [self.geo, o, r, tt, t_min, t_max, rows, cols, tr, tc, per, wp.uint64(hits.ptr),
-                                hits.strides[0] if brief else 0], [hits],
+                                hits.strides[0] if brief and tc != _trace.TILE_LONG else 0], [hits],
                                device=d, threads=threads, min_shard=max(1, _launch.MIN_SHARD // (tr * tc * per)))
             elif self.geo.use_wide:  # CPU: rays sharing an origin, 16 at a time, as packets
                 p = _trace.TRACE_PACKET * _trace.PACKETS_PER_THREAD
