@@ -135,17 +135,7 @@ def launch(kernel: Any, dim: int, inputs: list, outputs: list, *, device: Any, t
                 cmd.set_param_at_index(offset_index, a)
             cmd.launch()
 
-    # the calling thread is one of the n (it holds the GIL already; a pool task more costs a thread's wake-up)
-    others = [_pool(n - 1).submit(work) for _ in range(n - 1)]
-    try:
-        work()
-    except BaseException:
-        stopped.set()  # (the others stop at their next shard)
-        raise
-    finally:
-        for f in others:  # one still queued (the pool busy with another launch) has nothing left to do
-            if not f.cancel():
-                f.result()
+    list(_pool(n).map(lambda _: work(), range(n)))
     if stopped.is_set():
         raise Cancelled("cancelled between launch shards")
 
