@@ -145,8 +145,10 @@ class PointCloud:
             try:
                 out[k] = wp.to_torch(v, requires_grad=False)
             except (RuntimeError, TypeError, ValueError):
-                view = wp.array(ptr=v.ptr, dtype=wp.int32, shape=v.shape, device=v.device, copy=False) \
-                    if v.dtype == wp.uint32 else v
+                # (the view holds the channel through its deleter: a lidar reuses a channel's memory once the
+                # channel is gone)
+                view = wp.array(ptr=v.ptr, dtype=wp.int32, shape=v.shape, device=v.device,
+                                deleter=lambda _p, _s, _owner=v: None) if v.dtype == wp.uint32 else v
                 out[k] = wp.to_torch(view, requires_grad=False)
             _ = torch
         return out
