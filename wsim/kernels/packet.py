@@ -730,7 +730,7 @@ _BRIEF_END = r"""
                 char* dst = (char*)&wp::index(out, ids[0]);
                 if (((unsigned long long)dst & 63ull) == 0) {
                     // five whole cache lines: streaming stores, past the caches (no line read before it is
-                    // written, no BVH node or ray evicted by records nobody reads here: 1080p camera rays 4-6 %
+                    // written, no BVH node or ray evicted by records nobody reads here: 1080p camera rays 4-5 %
                     // faster, one thread); the tracing kernel fences them (store_fence)
                     for (int j = 0; j < 5; ++j) __builtin_nontemporal_store(q[j], (rf*)dst + j);
                     continue;
