@@ -617,9 +617,7 @@ class Lidar:
             batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
             _launch.launch(K.compact_kernel, -(-n_slots // batch),
                            [slots, p, em, tt, keep, index, int(p.want), n_slots, batch],
-                           [out[k] for k in ("Flags", "Coordinates", "Intensity", "TimeOffsetNs", "EmitterId",
-                                             "ChannelId", "TickId", "EchoId", "TickState", "MaterialId", "ObjectId",
-                                             "HitNormal", "Velocity", "SemanticId")] + [src], device=d,
+                           [out[k] for k in _OUTPUT_LAYOUT if k != "src"] + [src], device=d,  # (the kernel's order)
                            min_shard=max(1, _launch.MIN_SHARD // batch))
         out["Counts"] = wp.array([count], dtype=wp.int32, device=d)
         channels = {k: out[k] for k in chans if k in out}
@@ -691,7 +689,8 @@ def _members(n: int, d) -> K.Members:
     return m
 
 
-#: The arrays of a delivered point cloud: name → (dtype, shape for n points); "src" is each point's slot.
+#: The arrays of a delivered point cloud: name → (dtype, shape for n points), in the order
+#: :func:`wsim.kernels.lidar.compact_kernel` takes them; "src" is each point's slot.
 _OUTPUT_LAYOUT: dict[str, tuple[Any, Any]] = {
     "Flags": (wp.uint8, lambda n: (n,)), "Coordinates": (float, lambda n: (3, n)), "Intensity": (float, lambda n: (n,)),
     "TimeOffsetNs": (wp.int32, lambda n: (n,)), "EmitterId": (wp.uint32, lambda n: (n,)),
