@@ -479,6 +479,31 @@ def test_dark_target_beyond_detection_range_is_dropped(device):
     assert pc["EmitterId"].numpy()[0] == 0
 
 
+def test_a_render_delivers_every_fired_slot_in_firing_order_and_the_valid_ones_alone(device):
+    """With includeInvalidPoints a render delivers every echo slot of every fired emitter, firing by firing and echo
+    by echo (returns through the glass pane, returns below the detection threshold and blank slots as invalid
+    points); without it, exactly the valid ones of those, in the same order, bit for bit. (5 emitters × 363 ticks:
+    the kernel's batches of firings straddle ticks and the last one is short.)"""
+    ticks, n_el, mr = 363, 5, 3
+    cfg = rotary(n_el=n_el, ticks=ticks, max_returns=mr, min_reflectance=0.2, min_reflection_range_m=30.0)
+    lid = Lidar(config=cfg, scene=_glass_room(), trajectory=STATIC, device=device)
+    every = lid.with_config(include_invalid_points=True).render(0.0, 0.1)
+    n = every.numpy()
+    assert every.count == ticks * n_el * mr and every.value("compactionType") == 1
+    np.testing.assert_array_equal(n["EchoId"], np.tile(np.arange(mr), ticks * n_el))
+    np.testing.assert_array_equal(n["EmitterId"], np.repeat(np.tile(np.arange(n_el), ticks), mr))
+    assert np.all(np.diff(n["TimeOffsetNs"].astype(np.int64)) >= 0)
+    ok = every.valid
+    blank = np.all(n["Coordinates"] == 0, axis=0) & (n["Intensity"] == 0)
+    assert (ok & (n["EchoId"] == 1)).sum() > 100  # through the glass
+    assert (~ok & ~blank).sum() > 100 and (~ok & blank).sum() > 100  # below the threshold; no surface at all
+    valid = lid.render(0.0, 0.1)
+    assert valid.count == ok.sum() and valid.value("compactionType") == 2
+    for k, v in valid.numpy().items():
+        if k != "Counts":
+            np.testing.assert_array_equal(v, n[k][:, ok] if k == "Coordinates" else n[k][ok], err_msg=k)
+
+
 # --------------------------------------------------------------------------------------------------- scans
 def _sorted(n):
     order = np.lexsort((n["EchoId"], n["EmitterId"], n["TimeOffsetNs"]))

@@ -15,8 +15,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
    :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
    :func:`relative_velocity`;
-8. slot write — :func:`clear_slots`, :func:`mark_fired`, :func:`write_return`, :func:`write_blank`; the
-   compaction adds the identity channels (:func:`firing_identity`).
+8. slot write — :func:`write_return`, :func:`write_blank`: the delivered returns only, packed by batch of firings;
+   the compaction adds the identity channels (:func:`firing_identity`).
 
 :func:`lidar_fire_kernel` runs all of them for one firing (not differentiable: it picks the surfaces);
 :mod:`wsim.kernels.lidar_diff` recomputes Coordinates and Intensity of the delivered returns from those surfaces with
@@ -1132,21 +1132,6 @@ def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickT
 
 # -------------------------------------------------------------------------------------------- 8. slot write
 @wp.func(inline=True)
-def clear_slots(out: Slots, base: int, n: int):
-    for r in range(n):
-        out.present[base + r] = wp.uint8(0)
-        out.flags[base + r] = wp.uint8(0)
-
-
-@wp.func(inline=True)
-def mark_fired(out: Slots, base: int, n: int):
-    """Every slot of a fired emitter is present (delivered as an invalid point, when includeInvalidPoints, unless a
-    return fills it); its identity channels are the compaction's (:func:`firing_identity`)."""
-    for r in range(n):
-        out.present[base + r] = wp.uint8(1)
-
-
-@wp.func(inline=True)
 def firing_identity(p: LidarParams, em: EmitterTable, ticks: TickTable, tick: int, emitter: int):
     """The identity channels of the firing of ``emitter`` in tick row ``tick``, as :func:`schedule` has them (no
     trigonometry): TimeOffsetNs [ns], EmitterId, ChannelId, TickId, TickState."""
@@ -1161,68 +1146,77 @@ def firing_identity(p: LidarParams, em: EmitterTable, ticks: TickTable, tick: in
 
 
 @wp.func(inline=True)
-def write_blank(p: LidarParams, out: Slots, slot: int):
-    """Zeros in the measured channels of a fired emitter's slot without a return (an invalid point when
-    includeInvalidPoints): the slot buffers are not cleared beforehand."""
-    out.flags[slot] = wp.uint8(0)
-    out.coords[slot] = wp.vec3(0.0, 0.0, 0.0)
-    out.intensity[slot] = 0.0
+def write_blank(p: LidarParams, out: Slots, slot: int, q: int) -> int:
+    """Echo slot ``slot`` of a fired emitter without a return: delivered only when includeInvalidPoints, as an
+    invalid point (zeros in its measured channels) at entry ``q``. The entries written (0 or 1)."""
+    if p.keep_invalid == 0:
+        return 0
+    out.slot_id[q] = slot
+    out.flags[q] = wp.uint8(0)
+    out.coords[q] = wp.vec3(0.0, 0.0, 0.0)
+    out.intensity[q] = 0.0
     if (p.want & WANT_MATERIAL) != 0:
-        out.material_id[slot] = wp.uint32(0)
+        out.material_id[q] = wp.uint32(0)
     if (p.want & WANT_OBJECT) != 0:
-        out.object_id[slot] = wp.vec4ui(wp.uint32(0), wp.uint32(0), wp.uint32(0), wp.uint32(0))
+        out.object_id[q] = wp.vec4ui(wp.uint32(0), wp.uint32(0), wp.uint32(0), wp.uint32(0))
     if (p.want & WANT_NORMAL) != 0:
-        out.normal[slot] = wp.vec3(0.0, 0.0, 0.0)
+        out.normal[q] = wp.vec3(0.0, 0.0, 0.0)
     if (p.want & WANT_VELOCITY) != 0:
-        out.velocity[slot] = wp.vec3(0.0, 0.0, 0.0)
+        out.velocity[q] = wp.vec3(0.0, 0.0, 0.0)
     if (p.want & WANT_SEMANTIC) != 0:
-        out.semantic[slot] = 0
+        out.semantic[q] = 0
     if (p.want & WANT_DIFF) == 0:
-        return
-    out.face[slot] = 0
-    out.inst[slot] = 0
-    out.material[slot] = 0
-    out.subray[slot] = 0
-    out.tau[slot] = 0.0
-    out.rep_t[slot] = 0.0
-    out.rep_s[slot] = 0.0
-    out.peak_r[slot] = 0.0
-    out.peak_s[slot] = 0.0
-    out.noise[slot] = wp.vec3(0.0, 0.0, 0.0)
+        return 1
+    out.face[q] = 0
+    out.inst[q] = 0
+    out.material[q] = 0
+    out.subray[q] = 0
+    out.tau[q] = 0.0
+    out.rep_t[q] = 0.0
+    out.rep_s[q] = 0.0
+    out.peak_r[q] = 0.0
+    out.peak_s[q] = 0.0
+    out.noise[q] = wp.vec3(0.0, 0.0, 0.0)
+    return 1
 
 
 @wp.func(inline=True)
-def write_return(p: LidarParams, out: Slots, slot: int, ret: Return, obj_hash: wp.array[wp.vec3ui],
-                 part_number: wp.array[wp.uint32]):
-    """The return's channels: those always delivered, the wanted ones, and (for the differentiable pass) its
-    surface and signals."""
-    h = ret.hit
-    out.flags[slot] = ret.flags
-    out.coords[slot] = ret.coords
-    out.intensity[slot] = ret.intensity
+def write_return(p: LidarParams, out: Slots, slot: int, q: int, rv: Return, obj_hash: wp.array[wp.vec3ui],
+                 part_number: wp.array[wp.uint32]) -> int:
+    """Echo slot ``slot``'s return ``rv``, if delivered (valid, or every one when includeInvalidPoints), at entry ``q``:
+    the channels always delivered, the wanted ones, and (for the differentiable pass) its surface and signals. The
+    entries written (0 or 1)."""
+    if p.keep_invalid == 0 and (rv.flags & FLAG_VALID) == wp.uint8(0):
+        return 0
+    h = rv.hit
+    out.slot_id[q] = slot
+    out.flags[q] = rv.flags
+    out.coords[q] = rv.coords
+    out.intensity[q] = rv.intensity
     if (p.want & WANT_MATERIAL) != 0:
-        out.material_id[slot] = wp.uint32(h.material_id)
+        out.material_id[q] = wp.uint32(h.material_id)
     if (p.want & WANT_OBJECT) != 0:
         oh = obj_hash[h.object_id]
-        out.object_id[slot] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
+        out.object_id[q] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
     if (p.want & WANT_NORMAL) != 0:
-        out.normal[slot] = ret.normal
+        out.normal[q] = rv.normal
     if (p.want & WANT_VELOCITY) != 0:
-        out.velocity[slot] = ret.velocity
+        out.velocity[q] = rv.velocity
     if (p.want & WANT_SEMANTIC) != 0:
-        out.semantic[slot] = h.semantic
+        out.semantic[q] = h.semantic
     if (p.want & WANT_DIFF) == 0:
-        return
-    out.face[slot] = h.face
-    out.inst[slot] = h.instance
-    out.material[slot] = h.material
-    out.subray[slot] = ret.subray
-    out.tau[slot] = ret.tau
-    out.rep_t[slot] = h.t
-    out.rep_s[slot] = ret.rep_s
-    out.peak_r[slot] = ret.peak_r
-    out.peak_s[slot] = ret.peak_s
-    out.noise[slot] = ret.noise
+        return 1
+    out.face[q] = h.face
+    out.inst[q] = h.instance
+    out.material[q] = h.material
+    out.subray[q] = rv.subray
+    out.tau[q] = rv.tau
+    out.rep_t[q] = h.t
+    out.rep_s[q] = rv.rep_s
+    out.peak_r[q] = rv.peak_r
+    out.peak_s[q] = rv.peak_s
+    out.noise[q] = rv.noise
+    return 1
 
 
 @wp.func(inline=True)
@@ -1230,37 +1224,38 @@ def deliver_echo(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTab
                  of: OutputFrame, r: int, code: int, rep_r: float, peak_r: float, peak_s: float,
                  tau: float, face: int, inst: int, u: float, v: float, n: wp.vec3, refl: wp.array[float],
                  gain: wp.array[float], obj_hash: wp.array[wp.vec3ui], part_number: wp.array[wp.uint32], out: Slots,
-                 slot: int):
-    """Steps 6–8 for echo r (its :class:`Echoes` and :class:`EchoSurfaces` entries): its return into ``slot``, or
-    a blank one where its surface is not found again. (Early returns, no struct chosen after a branch: Warp
-    copies a struct assigned under a condition once more.)"""
+                 slot: int, q: int) -> int:
+    """Steps 6–8 for echo r (its :class:`Echoes` and :class:`EchoSurfaces` entries) in echo slot ``slot``: its
+    return, or a blank one where its surface is not found again, at entry ``q`` if delivered; the entries written.
+    (Early returns, no struct chosen after a branch: Warp copies a struct assigned under a condition once more.)"""
     h, k, dk = echo_surface(geo, p, ray, fr.time, code, rep_r, face, inst, u, v, n)
     if h.face < 0:
-        write_blank(p, out, slot)
-        return
-    deliver_hit(geo, p, em, ticks, fr, ray, of, h, r, k, dk, peak_r, peak_s, tau, refl, gain, obj_hash, part_number,
-                out, slot)
+        return write_blank(p, out, slot, q)
+    return deliver_hit(geo, p, em, ticks, fr, ray, of, h, r, k, dk, peak_r, peak_s, tau, refl, gain, obj_hash,
+                       part_number, out, slot, q)
 
 
 @wp.func(inline=True)
 def deliver_hit(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, ray: FiringRay,
                 of: OutputFrame, h: Hit, r: int, k: int, dk: wp.vec3, peak_r: float, peak_s: float, tau: float,
                 refl: wp.array[float], gain: wp.array[float], obj_hash: wp.array[wp.vec3ui],
-                part_number: wp.array[wp.uint32], out: Slots, slot: int):
-    """Steps 6–8 for echo r on surface ``h`` (sub-ray k along ``dk``): its return into ``slot``."""
+                part_number: wp.array[wp.uint32], out: Slots, slot: int, q: int) -> int:
+    """Steps 6–8 for echo r on surface ``h`` (sub-ray k along ``dk``) in echo slot ``slot``: its return, at entry
+    ``q`` if delivered (:func:`write_return`); the entries written."""
     noise = return_noise(p, ticks, fr, r)
-    write_return(p, out, slot, measure_return(geo, p, em, ticks, fr, ray, of, peak_r, peak_s, tau, r, h, k, dk,
-                                              noise, refl, gain), obj_hash, part_number)
+    return write_return(p, out, slot, q, measure_return(geo, p, em, ticks, fr, ray, of, peak_r, peak_s, tau, r, h,
+                                                        k, dk, noise, refl, gain), obj_hash, part_number)
 
 
 @wp.func(inline=True)
 def deliver_idealized(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing,
                       ray: FiringRay, of: OutputFrame, first: wp.vec4, refl: wp.array[float], trans: wp.array[float],
                       gain: wp.array[float], obj_hash: wp.array[wp.vec3ui], part_number: wp.array[wp.uint32],
-                      out: Slots, base: int):
-    """Steps 4–8 of an idealized firing: its echoes in path order — the first surface, then the surfaces behind
-    transmissive ones (their transmittance τ carried on), up to max_returns; an opaque surface ends the ray — each
-    delivered as the walk meets it (nothing kept, no later surface found again); blank slots after the last. ``first``: the static wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it,
+                      out: Slots, base: int, q: int) -> int:
+    """Steps 4–8 of an idealized firing (echo slots ``base`` on): its echoes in path order — the first surface, then
+    the surfaces behind transmissive ones (their transmittance τ carried on), up to max_returns; an opaque surface
+    ends the ray — each delivered as the walk meets it (nothing kept, no later surface found again); blank slots
+    after the last. The delivered ones are written from entry ``q`` on; returns the entry after them. ``first``: the static wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it,
     ``FIRST_BEYOND`` in ``[1]`` (no static surface within the packet's reach) or ``FIRST_UNKNOWN`` (then the ray is
     traced here)."""
     h = miss()
@@ -1272,10 +1267,11 @@ def deliver_idealized(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: Ti
         h = closest_hit(geo, ray.origin, ray.dir, 0.0, p.far, fr.time)
     n = int(0)
     tau = float(1.0)
+    at = q
     while h.face >= 0 and n < p.max_returns:
-        deliver_hit(geo, p, em, ticks, fr, ray, of, h, n, 0, ray.dir, h.t,
-                    tau * surface_signal(geo, p, h, ray.dir, refl), tau, refl, gain, obj_hash, part_number, out,
-                    base + n)
+        at += deliver_hit(geo, p, em, ticks, fr, ray, of, h, n, 0, ray.dir, h.t,
+                          tau * surface_signal(geo, p, h, ray.dir, refl), tau, refl, gain, obj_hash, part_number, out,
+                          base + n, at)
         n += 1
         tr = trans[h.material]
         if tr <= 0.0 or n >= p.max_returns:  # an opaque surface, or no echo left to fill
@@ -1283,7 +1279,8 @@ def deliver_idealized(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: Ti
         tau = tau * tr
         h = continue_past(geo, ray.origin, ray.dir, h.t, p.far, fr.time)
     for r in range(n, p.max_returns):
-        write_blank(p, out, base + r)
+        at += write_blank(p, out, base + r, at)
+    return at
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -1311,23 +1308,27 @@ def lidar_fire_kernel(
     batch: int,
     offset: int,
     out: Slots,
+    counts: wp.array[wp.int32],
 ):
     """One firing, step by step (not differentiable; :func:`lidar_diff_kernel` recomputes the differentiable values
     from the surfaces chosen here). Its poses come from :func:`firing_pose_kernel`'s table (``fire_slot``: the
     firing-time slot of each emitter-table entry); ``first``: each firing's static first surface from
     :func:`lidar_first_kernel` (empty: none, every ray traced here). A thread takes firings ``batch · tid`` on, up to
     ``batch`` of the ``n_fire`` (CPU: :data:`FIRE_BATCH`: Warp copies a kernel's arguments and zeroes its locals once
-    per thread, some 10 KB here; CUDA: 1)."""
-    s = (wp.tid() + offset) * batch
+    per thread, some 10 KB here; CUDA: 1), and writes their delivered returns packed from entry ``batch · tid ·
+    max_returns`` on (:class:`Slots`), their count in ``counts[tid]``: the compaction reads only those, written
+    together."""
+    b = wp.tid() + offset
+    s = b * batch
+    q0 = s * p.max_returns
+    q = q0
     for f in range(s, wp.min(s + batch, n_fire)):
         base = f * p.max_returns
-        clear_slots(out, base, p.max_returns)
         fr0 = firing_of(p, em, ticks, f)
         fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
         if fp.fires == 0:
             continue
         fr = scheduled(em, fr0, fp)
-        mark_fired(out, base, p.max_returns)
         ray = emitter_ray_cs(em, fr, direction_cs(em.trig[fr.table], fp.phase_cs), fp.frame.sensor, fp.key,
                          fp.offset, poses)
         w = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
@@ -1335,17 +1336,19 @@ def lidar_fire_kernel(
             w = first[f]
         of = fp.frame
         if p.ray_type == RAY_IDEALIZED:
-            deliver_idealized(geo, p, em, ticks, fr, ray, of, w, refl, trans, gain, obj_hash, part_number, out, base)
+            q = deliver_idealized(geo, p, em, ticks, fr, ray, of, w, refl, trans, gain, obj_hash, part_number, out,
+                                  base, q)
             continue
         ech, srf = beam_echoes(geo, p, ray, fr.time, refl, trans)
         for r in range(p.max_returns):
             if r < ech.n:
-                deliver_echo(geo, p, em, ticks, fr, ray, of, r, ech.code[r], ech.rep_r[r], ech.r[r],
-                             ech.s[r], ech.tau[r], srf.face[r], srf.inst[r], srf.u[r], srf.v[r],
-                             wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]), refl, gain, obj_hash, part_number, out,
-                             base + r)
+                q += deliver_echo(geo, p, em, ticks, fr, ray, of, r, ech.code[r], ech.rep_r[r], ech.r[r],
+                                  ech.s[r], ech.tau[r], srf.face[r], srf.inst[r], srf.u[r], srf.v[r],
+                                  wp.vec3(srf.nx[r], srf.ny[r], srf.nz[r]), refl, gain, obj_hash, part_number, out,
+                                  base + r, q)
             else:
-                write_blank(p, out, base + r)
+                q += write_blank(p, out, base + r, q)
+    counts[b] = q - q0
 
 
 #: Firings a thread of :func:`lidar_first_kernel` traces together.
@@ -1491,28 +1494,14 @@ def firing_rays_kernel(
 
 
 @wp.kernel
-def keep_mask_kernel(present: wp.array[wp.uint8], flags: wp.array[wp.uint8], include_invalid: int,
-                     offset: int, keep: wp.array[wp.int32]):
-    i = wp.tid() + offset
-    k = int(0)
-    if include_invalid != 0:
-        if present[i] != wp.uint8(0):
-            k = 1
-    elif (flags[i] & FLAG_VALID) != wp.uint8(0):
-        k = 1
-    keep[i] = k
-
-
-@wp.kernel
 def compact_kernel(
     src: Slots,
     p: LidarParams,
     em: EmitterTable,
     ticks: TickTable,
-    keep: wp.array[wp.int32],
-    index: wp.array[wp.int32],
+    counts: wp.array[wp.int32],
+    ends: wp.array[wp.int32],
     want: int,
-    n: int,
     batch: int,
     offset: int,
     flags: wp.array[wp.uint8],
@@ -1531,53 +1520,54 @@ def compact_kernel(
     semantic: wp.array[wp.int32],
     src_slot: wp.array[wp.int32],
 ):
-    """Valid slot ``i`` (``keep``) to delivered entry ``index[i] − 1`` (inclusive scan), the wanted channels and the
-    identity ones of its firing ``i // max_returns`` (echo ``i % max_returns``); a thread
-    takes slots ``batch · tid`` on, up to ``batch`` of the ``n`` (as :func:`lidar_fire_kernel`)."""
-    s = (wp.tid() + offset) * batch
-    # slot i = (tick · num_emitters + emitter) · max_returns + echo, counted on from the first (no division a slot)
-    f = s // p.max_returns
-    echo = s - f * p.max_returns
-    tk_row = f // p.num_emitters
-    e_col = f - tk_row * p.num_emitters
-    for i in range(s, wp.min(s + batch, n)):
-        if i > s:
-            echo += 1
-            if echo == p.max_returns:
-                echo = 0
-                e_col += 1
-                if e_col == p.num_emitters:
-                    e_col = 0
-                    tk_row += 1
-        if keep[i] == 0:
-            continue
-        j = index[i] - 1  # inclusive scan
-        src_slot[j] = i
-        flags[j] = src.flags[i]
-        c = src.coords[i]
+    """The delivered returns of :func:`lidar_fire_kernel`'s batch ``tid`` (``counts[tid]`` entries from ``batch ·
+    tid · max_returns`` on, :class:`Slots`) to delivered points ``ends[tid] − counts[tid]`` on (``ends``: the
+    inclusive scan of the counts): the wanted channels, and the identity ones of each one's firing and echo
+    (``src_slot``: each point's entry)."""
+    b = wp.tid() + offset
+    m = counts[b]
+    q0 = b * batch * p.max_returns
+    j0 = ends[b] - m
+    # entries in slot order: the firing of each followed from the batch's first (no division an entry)
+    f_slot = q0  # the first echo slot of firing (tk_row, e_col)
+    tk_row = (b * batch) // p.num_emitters
+    e_col = b * batch - tk_row * p.num_emitters
+    for k in range(m):
+        q = q0 + k
+        i = src.slot_id[q]
+        while i >= f_slot + p.max_returns:
+            f_slot += p.max_returns
+            e_col += 1
+            if e_col == p.num_emitters:
+                e_col = 0
+                tk_row += 1
+        j = j0 + k
+        src_slot[j] = q
+        flags[j] = src.flags[q]
+        c = src.coords[q]
         for a in range(3):
             coords[a, j] = c[a]
         if (want & WANT_NORMAL) != 0:
-            nv = src.normal[i]
+            nv = src.normal[q]
             for a in range(3):
                 normal[j, a] = nv[a]
         if (want & WANT_VELOCITY) != 0:
-            v = src.velocity[i]
+            v = src.velocity[q]
             for a in range(3):
                 velocity[j, a] = v[a]
         if (want & WANT_OBJECT) != 0:
-            o = src.object_id[i]
+            o = src.object_id[q]
             for a in range(4):
                 object_id[j, a] = o[a]
         if (want & WANT_MATERIAL) != 0:
-            material_id[j] = src.material_id[i]
+            material_id[j] = src.material_id[q]
         if (want & WANT_SEMANTIC) != 0:
-            semantic[j] = src.semantic[i]
-        intensity[j] = src.intensity[i]
+            semantic[j] = src.semantic[q]
+        intensity[j] = src.intensity[q]
         off, e, ch, tk, st = firing_identity(p, em, ticks, tk_row, e_col)
         time_offset_ns[j] = off
         emitter[j] = e
         channel[j] = ch
         tick[j] = tk
         state[j] = st
-        echo_id[j] = wp.uint8(echo)
+        echo_id[j] = wp.uint8(i - f_slot)

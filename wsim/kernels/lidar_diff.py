@@ -87,11 +87,11 @@ def echo_members_kernel(
     [end[j] − count[j], end[j]) (``end`` = inclusive scan of the counts)."""
     j = wp.tid()
     i = src[j]
-    f = i // p.max_returns
+    f = slots.slot_id[i] // p.max_returns
     fr = schedule(p, em, ticks, f)
     ray = firing_ray(em, fr, pose_times, poses)
     c = walk_beam(geo, p, ray, fr.time, refl, trans)
-    q = echo_peak(p, merge_peaks(p, c), i - f * p.max_returns)
+    q = echo_peak(p, merge_peaks(p, c), slots.slot_id[i] - f * p.max_returns)
     own = peak_members(p, c)
     base = int(0)
     if fill != 0:
@@ -170,7 +170,7 @@ def echo_sums_kernel(
     if mem.face[t] < 0:
         return
     j = mem.owner[t]
-    fr = schedule(p, em, ticks, src[j] // p.max_returns)
+    fr = schedule(p, em, ticks, slots.slot_id[src[j]] // p.max_returns)
     ray = firing_ray(em, fr, pose_times, poses)
     r, s, _n, _dk = surface_contribution(geo, p, ray, fr.time, mem.subray[t], mem.face[t], mem.inst[t],
                                          mem.material[t], mem.tau[t], refl)
@@ -228,7 +228,7 @@ def lidar_diff_kernel(
     picks them. Values equal the forward pass's (up to float rounding of the recomputed distances)."""
     j = wp.tid()
     i = src[j]
-    fr = schedule(p, em, ticks, i // p.max_returns)
+    fr = schedule(p, em, ticks, slots.slot_id[i] // p.max_returns)
     ray = firing_ray(em, fr, pose_times, poses)
     k = int(0)  # idealized rays: the per-echo sums are not used (1-element placeholders)
     if p.ray_type != RAY_IDEALIZED:

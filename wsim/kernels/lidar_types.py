@@ -69,6 +69,7 @@ class LidarParams:
     compensated: wp.int32
     spherical: wp.int32
     want: wp.int32  # WANT_* bits
+    keep_invalid: wp.int32  # 1: every echo slot of a fired emitter is delivered (includeInvalidPoints), 0: valid ones
     packet: wp.int32  # 1: a beam's sub-rays traverse the static wide BVH as one packet (CPU)
     beam: wp.array[wp.vec3]  # per sub-ray k: tan of its horizontal and vertical offset angles, weight / Σ weights
     beam_tan: float  # tan of the largest angle between a sub-ray and the beam's centre
@@ -106,10 +107,13 @@ class TickTable:
 
 @wp.struct
 class Slots:
-    """Per (firing, echo) outputs before compaction: slot i is echo ``i % max_returns`` of firing ``i // max_returns``
-    (its identity channels are the compaction's, from the firing)."""
+    """The returns a render delivers, before compaction, packed by batch of firings: a batch of
+    :func:`~wsim.kernels.lidar.lidar_fire_kernel` (firings ``b · batch`` on) writes its delivered returns in firing
+    and echo order from entry ``b · batch · max_returns`` on, and their count. Entry q is return
+    ``slot % max_returns`` of firing ``slot // max_returns`` (``slot = slot_id[q]``; its identity channels are the
+    compaction's, from the firing)."""
 
-    present: wp.array[wp.uint8]
+    slot_id: wp.array[wp.int32]
     flags: wp.array[wp.uint8]
     coords: wp.array[wp.vec3]
     intensity: wp.array[float]

@@ -400,6 +400,10 @@ class Lidar:
         n_slots = n_fire * c.max_returns
         scratch = self._take_scratch(n_slots, fresh=requires_grad)
         slots = scratch.slots
+        # the fire kernel's batches of firings (CPU: a thread's turn, CUDA: one firing) and their delivered counts
+        batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
+        n_batches = -(-n_fire // batch)
+        counts = scratch.array("counts", n_batches, wp.int32)
         geo = scene.device_geometry(d)
         refl, trans, ohash, pnum = self._scene_tables(scene)
         em, gain = self._emitter_table(), self._gain_array()
@@ -413,6 +417,7 @@ class Lidar:
             ref_time = t0_ns * 1e-9
         p = self._params()
         p.window_filter = int(c.partial_outputs and not c.instant_lidar)
+        p.keep_invalid = int(c.include_invalid_points)
         p.want = _wanted(chans, requires_grad)
         p.packet = int(BEAM_PACKETS and p.beam_n > 1 and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu)
         p.smooth = int(c.smooth_normals)
@@ -445,12 +450,11 @@ class Lidar:
                 _launch.launch(K.lidar_first_kernel, n_groups,
                                [geo.geo, p, em, tt, fire_slot, n_fs, fposes, poses, self._first_order(n_ticks), n_fire],
                                [first], device=d, min_shard=max(1, _launch.MIN_SHARD // int(K.FIRST_PACKET)))
-            batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
-            _launch.launch(K.lidar_fire_kernel, -(-n_fire // batch),
+            _launch.launch(K.lidar_fire_kernel, n_batches,
                            [geo.geo, p, em, tt, poses, refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes,
                             first, n_fire, batch],
-                           [slots], device=d, min_shard=max(1, _launch.MIN_SHARD // batch))
-        pc, src = self._compact(scratch, n_slots, chans, p, em, tt, frame, start_pose, end_pose, comp_ref)
+                           [slots, counts], device=d, min_shard=max(1, _launch.MIN_SHARD // batch))
+        pc, src = self._compact(scratch, counts, batch, chans, p, em, tt, frame, start_pose, end_pose, comp_ref)
         if not requires_grad:  # (a tape keeps reading its render's slots)
             self._give_scratch(scratch)
         if requires_grad:
@@ -596,27 +600,25 @@ class Lidar:
         self.gain = g
         self._gain_array().assign(g)
 
-    def _compact(self, scratch: _Scratch, n_slots: int, chans: list[str], p: K.LidarParams, em: K.EmitterTable,
-                 tt: K.TickTable, frame, start_pose, end_pose, comp_ref: str) -> tuple[PointCloud, wp.array]:
+    def _compact(self, scratch: _Scratch, counts: wp.array, batch: int, chans: list[str], p: K.LidarParams,
+                 em: K.EmitterTable, tt: K.TickTable, frame, start_pose, end_pose,
+                 comp_ref: str) -> tuple[PointCloud, wp.array]:
+        """The fire kernel's delivered returns (``counts`` per batch of ``batch`` firings) as the point cloud, and
+        each point's entry in the slot buffers."""
         c, d = self.config, self.device
-        slots = scratch.slots
-        keep = scratch.array("keep", max(n_slots, 1), wp.int32)  # written in full by the keep mask and the scan
-        index = scratch.array("index", max(n_slots, 1), wp.int32)
+        n_batches = counts.shape[0]
+        ends = scratch.array("ends", n_batches, wp.int32)
         count = 0
-        if n_slots:
-            # a byte or two a slot: one thread streams it faster than shards are handed out (~1 M slots a ms)
-            _launch.launch(K.keep_mask_kernel, n_slots, [slots.present, slots.flags, int(c.include_invalid_points)],
-                           [keep], device=d, min_shard=1 << 20)
-            wp.utils.array_scan(keep, index, inclusive=True)
-            count = int(index[n_slots - 1:n_slots].numpy()[0])
+        if n_batches:
+            wp.utils.array_scan(counts, ends, inclusive=True)
+            count = int(ends[n_batches - 1:n_batches].numpy()[0])
         # every row of a wanted channel is written by the compaction; the others are empty
         rows = {k: count if k in chans or k in CORE_CHANNELS or k == "src" else 0 for k in _OUTPUT_LAYOUT}
-        out = self._outputs.arrays(rows, reserve=n_slots)
+        out = self._outputs.arrays(rows, reserve=scratch.n)
         src = out.pop("src")
         if count:
-            batch = 1 if wp.get_device(d).is_cuda else K.FIRE_BATCH
-            _launch.launch(K.compact_kernel, -(-n_slots // batch),
-                           [slots, p, em, tt, keep, index, int(p.want), n_slots, batch],
+            _launch.launch(K.compact_kernel, n_batches,
+                           [scratch.slots, p, em, tt, counts, ends, int(p.want), batch],
                            [out[k] for k in _OUTPUT_LAYOUT if k != "src"] + [src], device=d,  # (the kernel's order)
                            min_shard=max(1, _launch.MIN_SHARD // batch))
         out["Counts"] = wp.array([count], dtype=wp.int32, device=d)
@@ -690,7 +692,7 @@ def _members(n: int, d) -> K.Members:
 
 
 #: The arrays of a delivered point cloud: name → (dtype, shape for n points), in the order
-#: :func:`wsim.kernels.lidar.compact_kernel` takes them; "src" is each point's slot.
+#: :func:`wsim.kernels.lidar.compact_kernel` takes them; "src" is each point's entry in the slot buffers.
 _OUTPUT_LAYOUT: dict[str, tuple[Any, Any]] = {
     "Flags": (wp.uint8, lambda n: (n,)), "Coordinates": (float, lambda n: (3, n)), "Intensity": (float, lambda n: (n,)),
     "TimeOffsetNs": (wp.int32, lambda n: (n,)), "EmitterId": (wp.uint32, lambda n: (n,)),
@@ -789,11 +791,12 @@ class _Scratch:
 
 
 def _alloc_slots(n: int, d) -> K.Slots:
-    """Slot buffers for ``n`` slots, uninitialised: :func:`wsim.kernels.lidar.lidar_fire_kernel` writes present and
-    flags of every slot and every other channel the compaction reads of every slot it fires."""
+    """Slot buffers for ``n`` entries (firings × maxReturns), uninitialised:
+    :func:`wsim.kernels.lidar.lidar_fire_kernel` writes every channel the compaction reads of each return it delivers
+    (:class:`wsim.kernels.lidar.Slots`)."""
     n = max(n, 1)
     s = K.Slots()
-    for name, dtype in (("present", wp.uint8), ("flags", wp.uint8), ("coords", wp.vec3), ("intensity", float),
+    for name, dtype in (("slot_id", wp.int32), ("flags", wp.uint8), ("coords", wp.vec3), ("intensity", float),
                         ("material_id", wp.uint32), ("object_id", wp.vec4ui), ("normal", wp.vec3),
                         ("velocity", wp.vec3), ("semantic", wp.int32), ("face", wp.int32), ("inst", wp.int32),
                         ("material", wp.int32),
