@@ -15,8 +15,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
    :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
    :func:`relative_velocity`;
-8. slot write — :func:`write_return`, :func:`write_blank`: the delivered returns only, packed by batch of firings;
-   the compaction adds the identity channels (:func:`firing_identity`).
+8. slot write — :func:`deliver_hit` (with steps 6–7), :func:`write_blank`: the delivered returns only, packed by batch
+   of firings; the compaction adds the identity channels (:func:`firing_identity`).
 
 :func:`lidar_fire_kernel` runs all of them for one firing (not differentiable: it picks the surfaces);
 :mod:`wsim.kernels.lidar_diff` recomputes Coordinates and Intensity of the delivered returns from those surfaces with
@@ -29,7 +29,7 @@ import warp as wp
 from .lidar_types import (  # noqa: F401
     LidarParams, EmitterTable, TickTable, Slots, Firing, FiringRay, Contributions, Peaks, Echoes, EchoSurfaces,
     OutputFrame,
-    FiringPose, Return, Members, MAX_CONTRIB, MAX_ECHOES, vec64f, vec64i, vec8f, vec8i, FLAG_VALID, FLAG_NEW_SCAN, RETRO_GAIN,
+    FiringPose, Members, MAX_CONTRIB, MAX_ECHOES, vec64f, vec64i, vec8f, vec8i, FLAG_VALID, FLAG_NEW_SCAN, RETRO_GAIN,
     RAY_IDEALIZED, RAY_GAUSSIAN, RAY_UNIFORM, FRAME_SENSOR, FRAME_WORLD, FRAME_CUSTOM, WANT_NORMAL, WANT_VELOCITY,
     WANT_OBJECT, WANT_MATERIAL, WANT_SEMANTIC, WANT_DIFF,
 )
@@ -1098,40 +1098,6 @@ def relative_velocity(geo: SceneGeo, h: Hit, of: OutputFrame) -> wp.vec3:
 
 
 @wp.func(inline=True)
-def measure_return(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing,
-                   ray: FiringRay, of: OutputFrame, peak_r: float, peak_s: float, tau: float, r: int, h: Hit,
-                   k: int, dk: wp.vec3, noise: wp.vec3, refl: wp.array[float], gain: wp.array[float]) -> Return:
-    """Steps 6–7 for echo r (range ``peak_r`` [m], signal ``peak_s``, weight·transmittance ``tau`` of its surface)
-    on surface h: range, intensity, detection, and the wanted channels in the output frame."""
-    rng = peak_r
-    if p.ray_type == RAY_IDEALIZED:
-        # from the face's vertices, as the differentiable pass does; the first echo on the static mesh already has it:
-        # the 8-wide traversal's plane distance from the ray's origin is this very expression (the same bits)
-        if r > 0 or h.instance >= 0 or geo.use_wide == 0:
-            rng = hit_distance(geo, h, ray.origin, ray.dir)
-        else:
-            rng = h.t
-    ret = Return()
-    ret.hit = h
-    ret.subray = k
-    ret.intensity = intensity_from(p, peak_s, rng, wp.abs(wp.dot(signal_normal(geo, p, h), dk)), gain[fr.emitter])
-    ret.flags = detection_flags(p, em, ticks, fr, peak_s, rng)
-    ret.coords = measured_coords(p, em, fr, ray, of, rng, noise)
-    if (p.want & WANT_NORMAL) != 0:
-        ret.normal = to_output(p, h.normal, of)
-    if (p.want & WANT_VELOCITY) != 0:
-        ret.velocity = relative_velocity(geo, h, of)
-    ret.tau = tau
-    if (p.want & WANT_DIFF) != 0:  # (only the differentiable pass reads it)
-        ret.rep_s = tau * surface_signal(geo, p, h, dk, refl)
-    ret.peak_r = peak_r
-    ret.peak_s = peak_s
-    ret.noise = noise
-    return ret
-
-
-# -------------------------------------------------------------------------------------------- 8. slot write
-@wp.func(inline=True)
 def firing_identity(p: LidarParams, em: EmitterTable, ticks: TickTable, tick: int, emitter: int):
     """The identity channels of the firing of ``emitter`` in tick row ``tick``, as :func:`schedule` has them (no
     trigonometry): TimeOffsetNs [ns], EmitterId, ChannelId, TickId, TickState."""
@@ -1181,45 +1147,6 @@ def write_blank(p: LidarParams, out: Slots, slot: int, q: int) -> int:
 
 
 @wp.func(inline=True)
-def write_return(p: LidarParams, out: Slots, slot: int, q: int, rv: Return, obj_hash: wp.array[wp.vec3ui],
-                 part_number: wp.array[wp.uint32]) -> int:
-    """Echo slot ``slot``'s return ``rv``, if delivered (valid, or every one when includeInvalidPoints), at entry ``q``:
-    the channels always delivered, the wanted ones, and (for the differentiable pass) its surface and signals. The
-    entries written (0 or 1)."""
-    if p.keep_invalid == 0 and (rv.flags & FLAG_VALID) == wp.uint8(0):
-        return 0
-    h = rv.hit
-    out.slot_id[q] = slot
-    out.flags[q] = rv.flags
-    out.coords[q] = rv.coords
-    out.intensity[q] = rv.intensity
-    if (p.want & WANT_MATERIAL) != 0:
-        out.material_id[q] = wp.uint32(h.material_id)
-    if (p.want & WANT_OBJECT) != 0:
-        oh = obj_hash[h.object_id]
-        out.object_id[q] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
-    if (p.want & WANT_NORMAL) != 0:
-        out.normal[q] = rv.normal
-    if (p.want & WANT_VELOCITY) != 0:
-        out.velocity[q] = rv.velocity
-    if (p.want & WANT_SEMANTIC) != 0:
-        out.semantic[q] = h.semantic
-    if (p.want & WANT_DIFF) == 0:
-        return 1
-    out.face[q] = h.face
-    out.inst[q] = h.instance
-    out.material[q] = h.material
-    out.subray[q] = rv.subray
-    out.tau[q] = rv.tau
-    out.rep_t[q] = h.t
-    out.rep_s[q] = rv.rep_s
-    out.peak_r[q] = rv.peak_r
-    out.peak_s[q] = rv.peak_s
-    out.noise[q] = rv.noise
-    return 1
-
-
-@wp.func(inline=True)
 def deliver_echo(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firing, ray: FiringRay,
                  of: OutputFrame, r: int, code: int, rep_r: float, peak_r: float, peak_s: float,
                  tau: float, face: int, inst: int, u: float, v: float, n: wp.vec3, refl: wp.array[float],
@@ -1240,11 +1167,52 @@ def deliver_hit(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: TickTabl
                 of: OutputFrame, h: Hit, r: int, k: int, dk: wp.vec3, peak_r: float, peak_s: float, tau: float,
                 refl: wp.array[float], gain: wp.array[float], obj_hash: wp.array[wp.vec3ui],
                 part_number: wp.array[wp.uint32], out: Slots, slot: int, q: int) -> int:
-    """Steps 6–8 for echo r on surface ``h`` (sub-ray k along ``dk``) in echo slot ``slot``: its return, at entry
-    ``q`` if delivered (:func:`write_return`); the entries written."""
+    """Steps 6–8 for echo r (range ``peak_r`` [m], signal ``peak_s``, weight·transmittance ``tau`` of its surface)
+    on surface ``h`` (sub-ray k along ``dk``) in echo slot ``slot``: range and detection; then, if the return is
+    delivered (valid, or every one when includeInvalidPoints), its channels at entry ``q`` — those always delivered,
+    the wanted ones in the output frame, and (for the differentiable pass) its surface and signals. The entries
+    written (0 or 1)."""
+    rng = peak_r
+    if p.ray_type == RAY_IDEALIZED:
+        # from the face's vertices, as the differentiable pass does; the first echo on the static mesh already has it:
+        # the 8-wide traversal's plane distance from the ray's origin is this very expression (the same bits)
+        if r > 0 or h.instance >= 0 or geo.use_wide == 0:
+            rng = hit_distance(geo, h, ray.origin, ray.dir)
+        else:
+            rng = h.t
+    flags = detection_flags(p, em, ticks, fr, peak_s, rng)
+    if p.keep_invalid == 0 and (flags & FLAG_VALID) == wp.uint8(0):
+        return 0
     noise = return_noise(p, ticks, fr, r)
-    return write_return(p, out, slot, q, measure_return(geo, p, em, ticks, fr, ray, of, peak_r, peak_s, tau, r, h,
-                                                        k, dk, noise, refl, gain), obj_hash, part_number)
+    out.slot_id[q] = slot
+    out.flags[q] = flags
+    out.coords[q] = measured_coords(p, em, fr, ray, of, rng, noise)
+    out.intensity[q] = intensity_from(p, peak_s, rng, wp.abs(wp.dot(signal_normal(geo, p, h), dk)),
+                                      gain[fr.emitter])
+    if (p.want & WANT_MATERIAL) != 0:
+        out.material_id[q] = wp.uint32(h.material_id)
+    if (p.want & WANT_OBJECT) != 0:
+        oh = obj_hash[h.object_id]
+        out.object_id[q] = wp.vec4ui(oh[0], oh[1], oh[2], part_number[h.part])
+    if (p.want & WANT_NORMAL) != 0:
+        out.normal[q] = to_output(p, h.normal, of)
+    if (p.want & WANT_VELOCITY) != 0:
+        out.velocity[q] = relative_velocity(geo, h, of)
+    if (p.want & WANT_SEMANTIC) != 0:
+        out.semantic[q] = h.semantic
+    if (p.want & WANT_DIFF) == 0:
+        return 1
+    out.face[q] = h.face
+    out.inst[q] = h.instance
+    out.material[q] = h.material
+    out.subray[q] = k
+    out.tau[q] = tau
+    out.rep_t[q] = h.t
+    out.rep_s[q] = tau * surface_signal(geo, p, h, dk, refl)
+    out.peak_r[q] = peak_r
+    out.peak_s[q] = peak_s
+    out.noise[q] = noise
+    return 1
 
 
 @wp.func(inline=True)

@@ -260,24 +260,6 @@ class FiringPose:
 
 
 @wp.struct
-class Return:
-    """One delivered (or invalid) return: the slot's measured channels and what the differentiable pass needs."""
-
-    hit: Hit
-    subray: wp.int32
-    flags: wp.uint8
-    coords: wp.vec3
-    intensity: float
-    normal: wp.vec3  # output frame
-    velocity: wp.vec3  # output frame [m/s]
-    tau: float  # representative surface: sub-ray weight × transmittance before it
-    rep_s: float  # representative surface's signal
-    peak_r: float  # echo range before corrections [m]
-    peak_s: float  # echo signal
-    noise: wp.vec3  # range [m], azimuth [rad], elevation [rad] noise
-
-
-@wp.struct
 class Members:
     """Every contribution of the delivered beam echoes (differentiable pass), grouped by return in range order:
     the return it belongs to, its sub-ray, its surface (face, instance, material) and its sub-ray weight × the
