@@ -25,13 +25,13 @@ Per row, in a fresh subprocess (so that memory figures do not mix):
   included; (b) the process RSS high-water mark (``getrusage(RUSAGE_SELF).ru_maxrss``) after the warm-up and timed
   sweeps minus the one before the Lidar was created (scene loaded, BVH built and kernel module loaded by then): host
   memory the sweeps added, Warp CPU arrays and NumPy temporaries included;
-* time split of one extra profiled sweep: the firing/tracing kernel against the rest (keep mask, scan, compaction
-  kernel, host-side tick tables and allocations);
-* the bare trace of the very same rays: ``Lidar.firing_rays`` of one step (the sweep's first queries, one per
+* time split of one extra profiled sweep: the firing/tracing kernel against the rest (scan, compaction kernel,
+  host-side tick tables and allocations);
+* the bare trace of the very same rays: each timed step's ``Lidar.firing_rays`` (the sweep's first queries, one per
   firing and sub-ray, at the firing's own time and pose) through wsim's closest-hit kernel alone
-  (``SceneGeometry.trace``, same threads), best of N, and the ratio sweep / bare: what the sensor costs beyond
-  tracing its rays;
-* Embree on the same rays (``rtcIntersect1`` loop in embreex, one thread, tfar = farRange; CPU runs only), the scene
+  (``SceneGeometry.trace``, same threads) right after that step's sweep, best of the N steps, and the ratio
+  sweep / bare: what the sensor costs beyond tracing its rays;
+* Embree on the first timed step's rays (``rtcIntersect1`` loop in embreex, one thread, tfar = farRange; CPU runs only), the scene
   frozen at the sweep's mid time (moving actors flattened into one mesh there; wsim traces each ray at its own
   time), and the hit agreement with wsim's bare trace.
 
@@ -171,25 +171,31 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
                sub_rays=sub, max_returns=c.max_returns, rss_delta_mib=rss_delta, warp_peak_bytes=warp_peak,
                split=split)
 
-    # the very same rays, bare: the sweep's first queries (one per firing and sub-ray, at their own times) through
-    # wsim's closest-hit kernel alone, and through Embree on the scene frozen at the sweep's mid time
+    # the very same rays, bare: each timed step's first queries (one per firing and sub-ray, at their own times)
+    # through wsim's closest-hit kernel alone, traced right after that step's sweep; and the first step's rays through
+    # Embree on the scene frozen at its mid time
+    geo = scene.device_geometry(str(dev))
+
+    def step_rays(kj: int):
+        rays = lid.firing_rays(kj * STEP, (kj + 1) * STEP)
+        fired = rays["fires"] != 0
+        o, d, tm = rays["origin"][fired], rays["direction"][fired], rays["time"][fired]
+        arrs = [wp.array(a, dtype=dt, device=dev) for a, dt in ((o, wp.vec3), (d, wp.vec3), (tm, float))]
+        window = (float(tm.min()) - 1e-3, float(tm.max()) + 1e-3)  # as the render bounds its moving actors
+        return (o, d, tm), arrs, window
+
     k += 1
     t0, t1 = k * STEP, (k + 1) * STEP
-    rays = lid.firing_rays(t0, t1)
-    fired = rays["fires"] != 0
-    o, d, tm = rays["origin"][fired], rays["direction"][fired], rays["time"][fired]
-    geo = scene.device_geometry(str(dev))
-    wo, wd, wt = (wp.array(a, dtype=dt, device=dev) for a, dt in ((o, wp.vec3), (d, wp.vec3), (tm, float)))
-    bare_window = (float(tm.min()) - 1e-3, float(tm.max()) + 1e-3)  # as the render bounds its moving actors
-    geo.set_time_window(*bare_window)
-    bare = lambda: geo.trace(wo, wd, wt, t_max=c.far_range_m)  # noqa: E731
-    hits = bare().numpy()
-    # the reported sweep and bare times: sweeps and bare traces in turn, best of each (a busy spell on a shared
-    # machine then slows both alike and their ratio holds; each render bounds the moving actors for its own
-    # window, each bare trace for its rays' times, outside the timing)
-    best, count, bare_s = float("inf"), 0, float("inf")
-    for j in range(1, reps + 1):
+    # the reported sweep and bare times: each step's sweep, then the bare trace of its own rays, best of each over
+    # the same steps (a busy spell on a shared machine then slows both alike and their ratio holds; each render
+    # bounds the moving actors for its own window, each bare trace for its rays' times, outside the timing)
+    best, count, bare_s, hits = float("inf"), 0, float("inf"), None
+    for j in range(reps):
         kj = k + j
+        host, (wo, wd, wt), window = step_rays(kj)  # (outside the timing)
+        if j == 0:
+            o, d = host[0], host[1]
+        sync()
         t_a = time.perf_counter()
         pc = lid.render(kj * STEP, (kj + 1) * STEP)
         n = pc.count
@@ -198,11 +204,13 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
         if dt < best:
             best, count = dt, n
         del pc
-        geo.set_time_window(*bare_window)
+        geo.set_time_window(*window)
         t_a = time.perf_counter()
-        bare()
+        h = geo.trace(wo, wd, wt, t_max=c.far_range_m)
         sync()
         bare_s = min(bare_s, time.perf_counter() - t_a)
+        if j == 0:
+            hits = h.numpy()
     out.update(sweep_s=best, points=count, bare_s=bare_s, bare_rays=len(o))
     if dev.is_cpu:
         verts, faces = raycast.flatten(scene, 0.5 * (t0 + t1))
@@ -279,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[list[str]] = []
     for key, (label, *_rest) in ROWS.items():
         gauss = "gauss" in key
-        reps = (1 if gauss else 3) if args.quick else (3 if gauss else 10)
+        reps = (1 if gauss else 3) if args.quick else (5 if gauss else 20)
         if device == "cuda":
             reps = 5 if args.quick else 20
         cmd = [sys.executable, str(Path(__file__).resolve()), "--row", key, "--device", device, "--reps", str(reps)]
@@ -319,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                  "the sweeps added on top of the scene."]
         text += ["", "Fire kernel share = time in `lidar_fire_kernel` (firing schedule, pose, tracing, echoes, "
                  "intensity, output frame) and `lidar_first_kernel` (IDEALIZED on the CPU: the firings' first static "
-                 "surfaces as packets of 16) / a profiled sweep; the rest is the keep mask, prefix scan, compaction "
+                 "surfaces as packets of 16) / a profiled sweep; the rest is the prefix scan of the batch counts, compaction "
                  "kernel and host work (tick tables, array allocation, Counts read-back)."]
         for r in results:
             sp = r.get("split", {})
@@ -327,19 +335,19 @@ def main(argv: list[str] | None = None) -> int:
             other = sp.get("total", 0.0) - sum(v for k, v in sp.items() if k != "total")
             text += [f"- {r['label']}: profiled sweep {sp.get('total', float('nan')) * 1e3:.1f} ms = {parts}, "
                      f"other (host) {other * 1e3:.1f} ms."]
-        text += ["", "*Bare trace* = the sweep's first queries alone: the rays of `Lidar.firing_rays` for one step "
-                 "(one per firing and sub-ray, world origin and direction at the firing's own time and pose) traced "
-                 "by wsim's closest-hit kernel (`SceneGeometry.trace`, same threads, same time window), best of the "
-                 "same number of runs, each right after one of the timed sweeps (sweep and bare in turn: a busy "
-                 "spell on a shared machine slows both alike). "
+        text += ["", "*Bare trace* = the sweep's first queries alone: each timed step's rays (`Lidar.firing_rays`: "
+                 "one per firing and sub-ray, world origin and direction at the firing's own time and pose) traced "
+                 "by wsim's closest-hit kernel (`SceneGeometry.trace`, same threads, the same time window) right "
+                 "after that step's sweep, best over the same steps (sweep and bare in turn: a busy spell on a "
+                 "shared machine slows both alike). "
                  "*sweep / bare* is what the sensor costs on top of tracing its rays: schedule, "
                  "poses, further queries behind transmissive surfaces and for later echoes, echo merging, intensity, "
                  "output frame, every channel written, compaction."]
         emb = [r for r in results if "embree_s" in r]
         if emb:
             text += ["", "Embree: embreex `rtcIntersect1` loop on one thread (closest hit, tfar = farRange, full hit "
-                     "records) on the same rays, best of the same number of runs, the scene frozen at the sweep's "
-                     "mid time (moving actors flattened into one mesh of "
+                     "records) on the first timed step's rays, best of the same number of runs, the scene frozen at "
+                     "that sweep's mid time (moving actors flattened into one mesh of "
                      + ", ".join(f"{r['embree_tri']:,}" for r in emb[:1])
                      + " triangles; wsim traces every ray at its own time through its two-level BVH). Hit agreement "
                      "= same hit/miss as wsim's bare trace and, for hits, range within 1 cm. Share of the disagreeing "

@@ -442,7 +442,9 @@ class Lidar:
             _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
                                                                   float(ref_time), custom], [fposes], device=d)
             if ov.get("rays"):
-                return self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
+                rays = self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
+                self._give_scratch(scratch)  # (the next render's, as after a render)
+                return rays
             first = wp.empty(0, dtype=wp.vec4, device=d)
             if FIRST_PACKETS and p.ray_type == K.RAY_IDEALIZED and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu:
                 first = scratch.array("first", n_fire, wp.vec4)
