@@ -865,14 +865,13 @@ def detection_flags(p: LidarParams, em: EmitterTable, ticks: TickTable, fr: Firi
 # -------------------------------------------------------------------------------------------- 7. output frame
 @wp.func(inline=True)
 def output_frame(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp.transform], ray: FiringRay,
-                 time: float, ref_time: float, custom: wp.mat44) -> OutputFrame:
+                 time: float, ref_time: float) -> OutputFrame:
     """The poses of the output step: at the firing and at the compensation reference (COMPENSATED), with the
     sensor's displacement between them; when Velocity is wanted, the affine map of a surface point's position and
     velocity to its velocity relative to the sensor (:func:`velocity_map`)."""
     of = OutputFrame()
     of.sensor = ray.sensor
     of.ref = ray.sensor
-    of.custom = custom
     if p.compensated != 0:
         ref, i_r, d_r = sensor_pose(pose_times, poses, ref_time)
         of.ref = ref
@@ -910,8 +909,8 @@ def velocity_map(p: LidarParams, pose_times: wp.array[float], poses: wp.array[wp
         return of
     g = wp.quat_to_matrix(wp.transform_get_rotation(ray.sensor))  # WORLD
     if p.frame == FRAME_CUSTOM:
-        g = wp.mat33(of.custom[0, 0], of.custom[0, 1], of.custom[0, 2], of.custom[1, 0], of.custom[1, 1],
-                     of.custom[1, 2], of.custom[2, 0], of.custom[2, 1], of.custom[2, 2]) * g
+        g = wp.mat33(p.custom[0, 0], p.custom[0, 1], p.custom[0, 2], p.custom[1, 0], p.custom[1, 1],
+                     p.custom[1, 2], p.custom[2, 0], p.custom[2, 1], p.custom[2, 2]) * g
     elif p.frame == FRAME_SENSOR:
         g = wp.transpose(wp.quat_to_matrix(wp.transform_get_rotation(of.ref))) * g
     of.vel_q = g * m
@@ -957,7 +956,7 @@ def measured_point(p: LidarParams, em: EmitterTable, fr: Firing, ray: FiringRay,
         return c
     pw = ray.origin + wp.transform_vector(ray.sensor, dir_s) * rep
     if p.frame == FRAME_CUSTOM:
-        return wp.transform_point(of.custom, pw)
+        return wp.transform_point(p.custom, pw)
     return pw
 
 
@@ -1024,7 +1023,7 @@ def to_output(p: LidarParams, v: wp.vec3, of: OutputFrame) -> wp.vec3:
     if p.frame == FRAME_WORLD:
         return v
     if p.frame == FRAME_CUSTOM:
-        return wp.transform_vector(of.custom, v)
+        return wp.transform_vector(p.custom, v)
     tf = of.sensor
     if p.compensated != 0:
         tf = of.ref
@@ -1402,7 +1401,6 @@ def firing_pose_kernel(
     pose_times: wp.array[float],
     poses: wp.array[wp.transform],
     ref_time: float,
-    custom: wp.mat44,
     offset: int,
     out: wp.array[FiringPose],
 ):
@@ -1427,7 +1425,7 @@ def firing_pose_kernel(
     fp.phase = phase
     fp.fires = fires
     fp.phase_cs = wp.vec2(wp.cos(phase), wp.sin(phase))
-    fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time, custom)
+    fp.frame = output_frame(p, pose_times, poses, ray, time, ref_time)
     out[i] = fp
 
 

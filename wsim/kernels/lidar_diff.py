@@ -210,7 +210,6 @@ def lidar_diff_kernel(
     pose_times: wp.array[float],
     poses: wp.array[wp.transform],
     ref_time: float,
-    custom: wp.mat44,
     refl: wp.array[float],
     gain: wp.array[float],
     slots: Slots,
@@ -235,7 +234,7 @@ def lidar_diff_kernel(
         k = j
     rng, signal, n, dk = recompute_echo(geo, p, slots, i, ray, fr.time, refl, members[k], sum_sr[k], sum_s[k],
                                         sum_r[k])
-    of = output_frame(p, pose_times, poses, ray, fr.time, ref_time, custom)
+    of = output_frame(p, pose_times, poses, ray, fr.time, ref_time)
     c = measured_coords(p, em, fr, ray, of, rng, slots.noise[i])
     coords[0, j] = c[0]
     coords[1, j] = c[1]

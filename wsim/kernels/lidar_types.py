@@ -69,6 +69,7 @@ class LidarParams:
     compensated: wp.int32
     spherical: wp.int32
     want: wp.int32  # WANT_* bits
+    custom: wp.mat44  # world → CUSTOM frame (customFrameOfReferenceTrafo)
     keep_invalid: wp.int32  # 1: every echo slot of a fired emitter is delivered (includeInvalidPoints), 0: valid ones
     packet: wp.int32  # 1: a beam's sub-rays traverse the static wide BVH as one packet (CPU)
     beam: wp.array[wp.vec3]  # per sub-ray k: tan of its horizontal and vertical offset angles, weight / Σ weights
@@ -237,7 +238,6 @@ class OutputFrame:
 
     sensor: wp.transform  # sensor pose at the firing time
     ref: wp.transform  # sensor pose at the compensation reference time
-    custom: wp.mat44  # world → CUSTOM frame
     shift_ref: wp.vec3  # sensor displacement T(ref) − T(firing) [m] (COMPENSATED)
     # Velocity (only when wanted): a surface point q [m] (world axes, from the sensor at the firing) moving at v_w
     # [m/s] moves at vel_q·q + vel_c + vel_w·v_w [m/s] relative to the sensor, in the output frame's axes

@@ -359,6 +359,8 @@ class Lidar:
                    FrameOfReference.CUSTOM: 2}[c.output_frame_of_reference]
         p.compensated = int(c.output_motion_compensation_state is MotionCompensation.COMPENSATED)
         p.spherical = int(c.elements_coords_type is CoordsType.SPHERICAL)
+        p.custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
+        p.keep_invalid = int(c.include_invalid_points)
         p.beam, p.beam_tan = self._beam_table(p)
         return p
 
@@ -417,13 +419,11 @@ class Lidar:
             ref_time = t0_ns * 1e-9
         p = self._params()
         p.window_filter = int(c.partial_outputs and not c.instant_lidar)
-        p.keep_invalid = int(c.include_invalid_points)
         p.want = _wanted(chans, requires_grad)
         p.packet = int(BEAM_PACKETS and p.beam_n > 1 and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu)
         p.smooth = int(c.smooth_normals)
         if c.smooth_normals:
             geo.ensure_vertex_normals()
-        custom = wp.mat44(*np.asarray(c.custom_frame_of_reference_trafo, np.float32).reshape(-1))
         tt = K.TickTable()
         if n_fire:
             abs_ns = ticks["abs_ns"].astype(np.int64)
@@ -440,7 +440,7 @@ class Lidar:
             fire_slot, slot_ns, n_fs = self._fire_slots()
             fposes = scratch.array("fposes", n_ticks * n_fs, K.FiringPose)
             _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
-                                                                  float(ref_time), custom], [fposes], device=d)
+                                                                  float(ref_time)], [fposes], device=d)
             if ov.get("rays"):
                 rays = self._rays_of(p, em, tt, fire_slot, n_fs, fposes, poses, n_fire)
                 self._give_scratch(scratch)  # (the next render's, as after a render)
@@ -482,7 +482,7 @@ class Lidar:
                         wp.launch(KD.echo_sums_kernel, mem.owner.shape[0],
                                   [geo.geo, p, em, tt, pose_times, poses, refl, slots, src, mem], sums, device=d)
                     wp.launch(KD.lidar_diff_kernel, n, [geo.geo, p, em, tt, pose_times, poses, float(ref_time),
-                                                        custom, refl, gain, slots, src, count, *sums],
+                                                        refl, gain, slots, src, count, *sums],
                               [coords, inten], device=d)
             pc.channels["Coordinates"] = coords
             pc.channels["Intensity"] = inten
