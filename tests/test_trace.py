@@ -678,7 +678,7 @@ def test_closest_hit_beyond_the_static_reach_equals_closest_hit(case, unbaked):
     instances first (:func:`closest_hit_beyond`): every Hit field equals :func:`closest_hit`'s bit for bit —
     instance hits inside and beyond the reach, static hits before and behind instances, still and moving
     instances, and exact ties (a static wall and two coincident instances' faces in one plane: the static surface
-    wins, then the first instance)."""
+    wins, then the first instance; the wall at exactly the reach: the static traversal past the reach finds it)."""
     if case == "instanced":
         scene = _instanced_scene()
         n = 60000
@@ -693,7 +693,7 @@ def test_closest_hit_beyond_the_static_reach_equals_closest_hit(case, unbaked):
         d = np.concatenate([np.full((n, 1), 20.0), rng.uniform(-1.5, 1.5, (n, 2))], axis=1)
         d[: n // 4, 1:] = 0.0  # axis-parallel rays: the same bits on the wall and on the boxes' far faces
         times = np.zeros(n)
-        reaches = (5.0, 18.5)
+        reaches = (5.0, 18.5, 20.0)  # (20: the wall at the reach itself, on the axis-parallel rays)
     d /= np.linalg.norm(d, axis=1, keepdims=True)
     geo = SceneGeometry(scene, "cpu")
     assert geo.geo.use_wide != 0

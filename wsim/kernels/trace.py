@@ -12,7 +12,7 @@ import warp as wp
 from .packet import (SHUFFLES16, group_kind, mat64x3, mat64x4, packet_brief_source, unit_dirs, vec64f, vec64i,
                      wide_packet16, wide_packet16_shared_at, wide_packet_at)
 from .pose import difference_window, sample_keys
-from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_slot
+from .widebvh import wide_box_any, wide_closest, wide_closest_from, wide_closest_past, wide_slot
 
 #: Restart offset past a hit for continuing queries: ``HIT_EPS_ABS + HIT_EPS_REL * t`` [m]. Large enough that the
 #: second triangle of a shared edge (same t up to float error) is not reported again.
@@ -872,13 +872,17 @@ def closest_hit_beyond(geo: SceneGeo, origin: wp.vec3, direction: wp.vec3, t_max
     span = t_max
     if bi.face >= 0:
         span = wp.min(t_max, bi.t * BEYOND_MARGIN)  # (> bi.t: a static surface at bi.t is found, and wins)
-    w = wide_closest(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, origin,
-                     direction, span)
+    # (the static surfaces from just short of the reach on: the packet met none nearer)
+    w = wide_closest_past(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                          origin, direction, reach * PAST_REACH, span)
     if w[1] >= 0.0 and (bi.face < 0 or w[0] <= bi.t):
         return _hit_of(geo, origin, direction, time, _wide_nearest(geo, 0.0, t_max, w))
     return _hit_of(geo, origin, direction, time, bi)
 
 
+#: :func:`closest_hit_beyond`'s static traversal enters only boxes the ray leaves beyond this share of the reach
+#: (short of it: a surface at the reach itself, which a packet over [0, reach) does not report, is found)
+PAST_REACH = wp.constant(0.999)
 #: :func:`closest_hit_beyond`'s static range past the instance's hit, as a factor: anything above 1 + 2⁻²³ finds a
 #: static surface at the very same distance; the static answer within it is the whole range's (same bits).
 BEYOND_MARGIN = wp.constant(1.001)

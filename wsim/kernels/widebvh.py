@@ -224,6 +224,17 @@ def wide_closest(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array
 
 
 
+@wp.func_native("const bool ANY_HIT = false, BOX_ONLY = false;\n"
+                + _TRACE.replace("const vf ZERO = 0.0f;", "const vf ZERO = min_t;", 1))
+def wide_closest_past(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3],
+                      v1: wp.array[wp.vec3], v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3,
+                      dir: wp.vec3, min_t: float, max_t: float) -> wp.vec4:
+    """:func:`wide_closest` of a ray known to meet no triangle nearer than ``min_t`` [m] (0 <= min_t): the boxes it
+    leaves before ``min_t`` are not entered, the rest as there (the same answer, not looked for where it cannot
+    be)."""
+    ...
+
+
 @wp.func_native("const bool ANY_HIT = true, BOX_ONLY = false;\n" + _TRACE)
 def wide_any(boxes: wp.array[float], child: wp.array[wp.int32], v0: wp.array[wp.vec3], v1: wp.array[wp.vec3],
              v2: wp.array[wp.vec3], fid: wp.array[wp.int32], org: wp.vec3, dir: wp.vec3, max_t: float) -> wp.vec4:
