@@ -97,8 +97,9 @@ case "$cmd" in
       args=(-m "not notebooks and not install and not slow" ${args[@]+"${args[@]}"})
       [ $selected = 1 ] || echo "dev.sh: fast test suite (no notebooks, no fresh-install check, no slow tests): about 1 min on 2 CPU cores"
     elif [ $selected = 0 ]; then
-      echo "dev.sh: full test suite: about 4 min on 2 CPU cores (2 of them the notebooks; a first run also compiles" \
-           "Warp's kernels); ./dev.sh test --fast skips the notebooks, the fresh-install check and the slow tests (about 1 min)"
+      echo "dev.sh: full test suite: about 9-14 min on 2 CPU cores (2 of them the notebooks, 5 the CUDA build; a first" \
+           "run also compiles Warp's kernels); ./dev.sh test --fast skips the notebooks, the fresh-install check and the" \
+           "slow tests (about 1 min)"
     fi
     exec "$VENV/bin/python" -m pytest ${args[@]+"${args[@]}"} ;;
   bench) install bench && exec "$VENV/bin/python" "benchmarks/${1:-raycast}.py" "${@:2}" ;;
