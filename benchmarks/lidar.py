@@ -210,7 +210,8 @@ def run_row(key: str, device: str, reps: int, embree_reps: int) -> dict:
         sync()
         bare_s = min(bare_s, time.perf_counter() - t_a)
         if j == 0:
-            hits = h.numpy()
+            hits = h.numpy().copy()
+        del h  # (held, it would keep the next trace from reusing its answer arrays)
     out.update(sweep_s=best, points=count, bare_s=bare_s, bare_rays=len(o))
     if dev.is_cpu:
         verts, faces = raycast.flatten(scene, 0.5 * (t0 + t1))
