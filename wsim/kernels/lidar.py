@@ -1339,6 +1339,7 @@ def lidar_first_kernel(
     fposes: wp.array[FiringPose],
     poses: wp.array[wp.transform],
     order: wp.array[wp.int32],
+    by_position: int,
     n: int,
     offset: int,
     first: wp.array[wp.vec4],
@@ -1350,7 +1351,8 @@ def lidar_first_kernel(
     first ``PACKET_REACH`` metres. ``first[f]`` = (t, slot, u, v) as :func:`wsim.kernels.widebvh.wide_closest` finds
     it over the whole range, ``FIRST_BEYOND`` in ``[1]``: none within the reach, or ``FIRST_UNKNOWN``: the group's
     rays are not within ``PACKET_COS`` of one direction and octant (such a packet would cost more than its rays
-    alone)."""
+    alone). ``by_position`` 1: ``em`` and ``fire_slot`` are in the groups' order too (entry ``s + k`` of a tick's
+    block for the firing at position ``s + k``: read in turn, not far apart), 0: by firing."""
     s = (wp.tid() + offset) * FIRST_PACKET
     m = wp.min(FIRST_PACKET, n - s)
     orgs = mat64x3()
@@ -1364,7 +1366,10 @@ def lidar_first_kernel(
     for k in range(m):
         f = order[s + k]
         first[f] = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
-        fr0 = firing_of(p, em, ticks, f)
+        g = f
+        if by_position != 0:
+            g = s + k
+        fr0 = firing_of(p, em, ticks, g)
         fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
         if fp.fires != 0:
             fr = scheduled(em, fr0, fp)

@@ -449,8 +449,10 @@ class Lidar:
             if FIRST_PACKETS and p.ray_type == K.RAY_IDEALIZED and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu:
                 first = scratch.array("first", n_fire, wp.vec4)
                 n_groups = -(-n_fire // int(K.FIRST_PACKET))
+                em_g, slot_g, by_pos = self._first_tables(em, fire_slot)
                 _launch.launch(K.lidar_first_kernel, n_groups,
-                               [geo.geo, p, em, tt, fire_slot, n_fs, fposes, poses, self._first_order(n_ticks), n_fire],
+                               [geo.geo, p, em_g, tt, slot_g, n_fs, fposes, poses, self._first_order(n_ticks), by_pos,
+                                n_fire],
                                [first], device=d, min_shard=max(1, _launch.MIN_SHARD // int(K.FIRST_PACKET)))
             _launch.launch(K.lidar_fire_kernel, n_batches,
                            [geo.geo, p, em, tt, poses, refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes,
@@ -580,11 +582,33 @@ class Lidar:
             head = fire[:nb * g].reshape(nb, g, ne).transpose(0, 2, 1).reshape(-1)
             order = np.concatenate([head, fire[nb * g:].T.reshape(-1)])
         else:
-            st = c.emitter_states[0]
-            row = np.lexsort((np.asarray(st.azimuth_deg, np.float64), np.asarray(st.elevation_deg, np.float64)))
-            order = fire[:, row].reshape(-1)
+            order = fire[:, self._solid_row()].reshape(-1)
         self._emitters[key] = wp.array(order.astype(np.int32), dtype=wp.int32, device=self.device)
         return self._emitters[key]
+
+    def _solid_row(self) -> np.ndarray:
+        """A solid-state lidar's emitters by elevation, then azimuth (state 0's table): a tick's first-surface order."""
+        st = self.config.emitter_states[0]
+        return np.lexsort((np.asarray(st.azimuth_deg, np.float64), np.asarray(st.elevation_deg, np.float64)))
+
+    def _first_tables(self, em: K.EmitterTable, fire_slot: wp.array) -> tuple[K.EmitterTable, wp.array, int]:
+        """The emitter table and firing-time slots :func:`wsim.kernels.lidar.lidar_first_kernel` reads, and whether
+        they are in its order (``by_position``): a solid-state lidar's own tables reordered as :meth:`_first_order`
+        takes a tick's emitters (a group's 16 entries then lie together, not some hundred entries apart), else the
+        render's own (spinning lidars, whose tables are small; a render's overridden emitter angles)."""
+        if self.config.scan_type is ScanType.ROTARY or em is not self._emitter_table():
+            return em, fire_slot, 0
+        key = ("first_tables", str(self.device))
+        if key not in self._emitters:
+            ne, ns = self.config.number_of_emitters, len(self.config.emitter_states)
+            idx = (np.arange(ns)[:, None] * ne + self._solid_row()[None, :]).reshape(-1)
+            g = K.EmitterTable()
+            for name in ("az", "el", "fire_ns", "channel", "hor", "vert", "dcorr", "trig"):
+                a = getattr(em, name)
+                setattr(g, name, wp.array(a.numpy()[idx], dtype=a.dtype, device=self.device))
+            self._emitters[key] = (g, wp.array(fire_slot.numpy()[idx], dtype=wp.int32, device=self.device))
+        g, slots = self._emitters[key]
+        return g, slots, 1
 
     def _gain_array(self) -> wp.array:
         """Per-emitter intensity gain (device array, default 1; differentiable)."""
