@@ -15,8 +15,8 @@ The steps, in the order a firing runs them (RGL's orthogonal steps):
    :func:`detection_flags`, :func:`intensity_from`;
 7. output frame — :func:`output_frame`, :func:`measured_point`, :func:`coords_from`, :func:`to_output`,
    :func:`relative_velocity`;
-8. slot write — :func:`deliver_hit` (with steps 6–7), :func:`write_blank`: the delivered returns only, packed by batch
-   of firings; the compaction adds the identity channels (:func:`firing_identity`).
+8. slot write — :func:`deliver_hit` (with steps 6–7), :func:`write_blank`: the delivered returns only, packed by
+   batch of firings; the compaction adds the identity channels (:func:`firing_identity`).
 
 :func:`lidar_fire_kernel` runs all of them for one firing (not differentiable: it picks the surfaces);
 :mod:`wsim.kernels.lidar_diff` recomputes Coordinates and Intensity of the delivered returns from those surfaces with
@@ -1222,9 +1222,9 @@ def deliver_idealized(geo: SceneGeo, p: LidarParams, em: EmitterTable, ticks: Ti
     """Steps 4–8 of an idealized firing (echo slots ``base`` on): its echoes in path order — the first surface, then
     the surfaces behind transmissive ones (their transmittance τ carried on), up to max_returns; an opaque surface
     ends the ray — each delivered as the walk meets it (nothing kept, no later surface found again); blank slots
-    after the last. The delivered ones are written from entry ``q`` on; returns the entry after them. ``first``: the static wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it,
-    ``FIRST_BEYOND`` in ``[1]`` (no static surface within the packet's reach) or ``FIRST_UNKNOWN`` (then the ray is
-    traced here)."""
+    after the last. The delivered ones are written from entry ``q`` on; returns the entry after them. ``first``: the
+    static wide BVH's answer for the whole range as :func:`lidar_first_kernel` found it, ``FIRST_BEYOND`` in ``[1]``
+    (no static surface within the packet's reach) or ``FIRST_UNKNOWN`` (then the ray is traced here)."""
     h = miss()
     if first[1] >= -1.0:  # the static answer: a slot, or none (-1)
         h = closest_hit_given(geo, ray.origin, ray.dir, 0.0, p.far, fr.time, first)

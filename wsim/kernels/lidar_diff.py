@@ -87,11 +87,12 @@ def echo_members_kernel(
     [end[j] − count[j], end[j]) (``end`` = inclusive scan of the counts)."""
     j = wp.tid()
     i = src[j]
-    f = slots.slot_id[i] // p.max_returns
+    slot = slots.slot_id[i]  # firing f's echo slot
+    f = slot // p.max_returns
     fr = schedule(p, em, ticks, f)
     ray = firing_ray(em, fr, pose_times, poses)
     c = walk_beam(geo, p, ray, fr.time, refl, trans)
-    q = echo_peak(p, merge_peaks(p, c), slots.slot_id[i] - f * p.max_returns)
+    q = echo_peak(p, merge_peaks(p, c), slot - f * p.max_returns)
     own = peak_members(p, c)
     base = int(0)
     if fill != 0:
