@@ -595,6 +595,19 @@ def test_a_held_point_cloud_is_never_overwritten_and_a_dropped_one_is_reused(dev
         np.testing.assert_array_equal(v, kept[k], err_msg=k)
 
 
+def test_firing_rays_hand_the_render_buffers_on(device):
+    """Lidar.firing_rays works in a render's scratch buffers and hands them back: the renders after it reuse the
+    slot buffers of the render before (no fresh allocation, page by page, each step a benchmark asks for rays)."""
+    scene = box_room_scene(ROOM_LO, ROOM_HI)
+    lid = Lidar(config=rotary(n_el=8, ticks=400), scene=scene, trajectory=STATIC, device=device)
+    lid.render(0.0, 0.1)
+    ptr = lid._scratch_pool[-1].slots.flags.ptr  # noqa: SLF001 - the buffers a later render takes
+    for k in range(1, 4):
+        assert len(lid.firing_rays(k * 0.1, (k + 1) * 0.1)["time"]) == 3200
+        lid.render(k * 0.1, (k + 1) * 0.1)
+        assert lid._scratch_pool[-1].slots.flags.ptr == ptr  # noqa: SLF001
+
+
 def test_firing_rays_are_the_rays_the_render_traces(device):
     """Lidar.firing_rays: one world ray per firing (and sub-ray) in firing order, at the firing's time and pose."""
     scene = box_room_scene(ROOM_LO, ROOM_HI)
