@@ -718,11 +718,11 @@ def _room_with_cars(cars: int):
 
 @pytest.mark.parametrize("sensor", ["rotary", "solid", "PANDAR128", "AT128"])
 def test_idealized_first_packets_equal_firings_traced_one_by_one(device, sensor, monkeypatch):
-    """On the CPU an IDEALIZED lidar's first rays are traced 16 firings at a time as multi-origin packets (one
-    emitter over 16 ticks of a moving, spinning head; 16 neighbours along a row of a solid state's grid): every
-    channel is bit-identical to tracing each firing alone (glass pane: second echoes; moving and parked cars:
-    instances; the room's edges and corners: shared-edge and grazing hits; the presets' real angle, offset and
-    timing tables; a tick count that is no multiple of 16)."""
+    """On the CPU an IDEALIZED lidar's first rays are traced in groups of neighbouring firings as multi-origin
+    packets (one emitter over consecutive ticks of a moving, spinning head; neighbours along a row of a solid state's
+    grid): every channel is bit-identical to tracing each firing alone (glass pane: second echoes; moving and parked
+    cars: instances; the room's edges and corners: shared-edge and grazing hits; the presets' real angle, offset and
+    timing tables; a tick count that is no multiple of the group)."""
     import wsim.sensors.lidar as lidar_module
 
     scene = _room_with_cars(6)
@@ -746,6 +746,41 @@ def test_idealized_first_packets_equal_firings_traced_one_by_one(device, sensor,
         np.testing.assert_array_equal(packed[k], one[k], err_msg=k)
     assert (one["SemanticId"] == scene.semantic_class_index("car")).sum() > 10  # the cars were seen
     assert (one["EchoId"] == 1).sum() > 10  # and through the glass
+
+
+@pytest.mark.parametrize("sensor", ["rotary", "solid"])
+def test_first_surface_groups_span_their_angle_and_split_at_axis_planes_and_row_ends(sensor, monkeypatch):
+    """A first-surface group is as many neighbouring firings as span FIRST_SPAN_DEG (a solid state's grid of 0.5°
+    steps: 9 a row; a spinning head of 0.5° ticks: 9 ticks), and a group whose rays cross an axis plane (straight
+    ahead, the horizon) or the end of a row is traced as one packet per run of coherent rays: only runs of a single
+    ray are left to the firing kernel (FIRST_UNKNOWN). Before, a group was 16 firings whatever their spacing (here 8°:
+    none was traced as a packet, every firing was left to the firing kernel) and one across an axis plane or a row's
+    end was left whole."""
+    import wsim.launch as launch_module
+
+    if sensor == "solid":  # (no ray exactly along an axis plane: such a ray is coherent with none)
+        az, el = np.meshgrid(np.linspace(-40, 40, 161) + 0.25, np.linspace(-12, 12, 25) + 0.25)
+        cfg = solid_state(az.reshape(-1), el.reshape(-1))
+    else:
+        cfg = rotary(n_el=16, ticks=720)
+        cfg.emitter_states[0].elevation_deg += 0.25
+    lid = Lidar(config=cfg, scene=_room_with_cars(3), trajectory=STATIC, device="cpu")
+    assert lid._first_group() == int(K.FIRST_SPAN_DEG // 0.5) == 9
+    seen = {}
+    real = launch_module.launch
+
+    def recording(kernel, dim, inputs, outputs, **kw):  # the real launch; keeps the first-surface answers
+        real(kernel, dim, inputs, outputs, **kw)
+        if kernel is K.lidar_first_kernel:
+            seen["first"] = outputs[0].numpy().copy()
+
+    monkeypatch.setattr(launch_module, "launch", recording)
+    n = lid.render(0.0, 0.1).count
+    slot = seen["first"][:, 1]
+    assert n == len(slot)  # the room is closed: every firing returns
+    unknown = (slot == K.FIRST_UNKNOWN).mean()
+    assert unknown < 0.01, unknown
+    assert ((slot >= 0) | (slot == K.FIRST_BEYOND)).mean() > 0.99
 
 
 def test_noise_is_keyed_by_firing_whatever_the_slicing_or_threads(device, monkeypatch):

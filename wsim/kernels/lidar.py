@@ -1318,8 +1318,12 @@ def lidar_fire_kernel(
     counts[b] = q - q0
 
 
-#: Firings a thread of :func:`lidar_first_kernel` traces together.
-FIRST_PACKET = wp.constant(16)
+#: The angle [deg] a group of :func:`lidar_first_kernel` spans: neighbouring firings up to it (a Pandar128 emitter over
+#: 24 ticks, 48 neighbours in a row of AT128's grid), under the 6° of ``PACKET_COS`` (measured: groups of 16 → 48
+#: firings cut AT128's first-surface kernel by 12 %, 16 → 24 Pandar128's by 6 %; wider ones, 64 and 32, fall apart).
+FIRST_SPAN_DEG = 4.8
+#: Most firings a group of :func:`lidar_first_kernel` takes (the rows of its packet matrices).
+FIRST_GROUP_MAX = 64
 #: ``first[f][1]`` of a firing whose static surface :func:`lidar_first_kernel` did not find (the fire kernel traces
 #: it over its whole range); a slot's int32 bits as a float are never negative, a miss is −1.
 FIRST_UNKNOWN = wp.constant(-2.0)
@@ -1340,29 +1344,33 @@ def lidar_first_kernel(
     poses: wp.array[wp.transform],
     order: wp.array[wp.int32],
     by_position: int,
+    group: int,
     n: int,
     offset: int,
     first: wp.array[wp.vec4],
 ):
-    """The static surface the first ray of firings ``order[FIRST_PACKET · tid + k]`` meets (IDEALIZED, CPU, wide
-    BVH): the group's rays — one emitter over consecutive ticks of a spinning head, neighbours of one row of a solid
-    state's grid: origins millimetres apart, directions tenths of a degree — traverse the static 8-wide BVH as one
-    multi-origin packet (:func:`wsim.kernels.packet.wide_packet_from`, each ray's own result bit for bit) over the
-    first ``PACKET_REACH`` metres. ``first[f]`` = (t, slot, u, v) as :func:`wsim.kernels.widebvh.wide_closest` finds
-    it over the whole range, ``FIRST_BEYOND`` in ``[1]``: none within the reach, or ``FIRST_UNKNOWN``: the group's
-    rays are not within ``PACKET_COS`` of one direction and octant (such a packet would cost more than its rays
-    alone). ``by_position`` 1: ``em`` and ``fire_slot`` are in the groups' order too (entry ``s + k`` of a tick's
-    block for the firing at position ``s + k``: read in turn, not far apart), 0: by firing."""
-    s = (wp.tid() + offset) * FIRST_PACKET
-    m = wp.min(FIRST_PACKET, n - s)
+    """The static surface the first ray of firings ``order[group · tid + k]`` meets (IDEALIZED, CPU, wide BVH,
+    ``group`` <= :data:`FIRST_GROUP_MAX`): the group's rays — one emitter over consecutive ticks of a spinning head,
+    neighbours of one row of a solid state's grid: origins millimetres apart, directions tenths of a degree — traverse
+    the static 8-wide BVH as multi-origin packets (:func:`wsim.kernels.packet.wide_packet_from`, each ray's own result
+    bit for bit) over the first ``PACKET_REACH`` metres, a packet for each run of rays within ``PACKET_COS`` of the
+    run's first one and in its octant (a wider packet would cost more than its rays alone: a group across an axis
+    plane or the end of a row is two runs). ``first[f]`` = (t, slot, u, v) as
+    :func:`wsim.kernels.widebvh.wide_closest` finds it over the whole range, ``FIRST_BEYOND`` in ``[1]``: none within
+    the reach, or ``FIRST_UNKNOWN``: a run of one ray. ``by_position`` 1: ``em`` and ``fire_slot`` are in the groups'
+    order too (entry ``s + k`` of a tick's block for the firing at position ``s + k``: read in turn, not far apart),
+    0: by firing."""
+    s = (wp.tid() + offset) * group
+    m = wp.min(group, n - s)
     orgs = mat64x3()
     dirs = mat64x3()
     lo = vec64f()
     hi = vec64f()
+    run = vec64i()  # each row's run (−1: the firing does not fire)
     reach = wp.min(p.far, PACKET_REACH)
     d0 = wp.vec3(0.0, 0.0, 0.0)
+    runs = int(0)
     active = int(0)
-    coherent = int(1)
     for k in range(m):
         f = order[s + k]
         first[f] = wp.vec4(0.0, FIRST_UNKNOWN, 0.0, 0.0)
@@ -1371,30 +1379,42 @@ def lidar_first_kernel(
             g = s + k
         fr0 = firing_of(p, em, ticks, g)
         fp = fposes[fr0.tick * n_slots + fire_slot[fr0.table]]
+        run[k] = -1
         if fp.fires != 0:
             fr = scheduled(em, fr0, fp)
             ray = emitter_ray_cs(em, fr, direction_cs(em.trig[fr.table], fp.phase_cs), fp.frame.sensor, fp.key,
-                         fp.offset, poses)
+                                 fp.offset, poses)
             d = ray.dir
             for a in range(3):
                 orgs[k, a] = ray.origin[a]
                 dirs[k, a] = d[a]
             hi[k] = reach
-            if active == 0:
-                d0 = d
-            elif wp.dot(d, d0) < PACKET_COS or d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or d[2] * d0[2] <= 0.0:
-                coherent = 0
+            if active == 0 or wp.dot(d, d0) < PACKET_COS or d[0] * d0[0] <= 0.0 or d[1] * d0[1] <= 0.0 or (
+                    d[2] * d0[2] <= 0.0):
+                d0 = d  # a new run: this ray is not within PACKET_COS of the run's first one, or not in its octant
+                runs += 1
+            run[k] = runs - 1
             active += 1
-    if active < 2 or coherent == 0:
+    if active < 2:
         return
-    res = wide_packet_from(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid, orgs,
-                           dirs, lo, hi, m)
-    for k in range(m):
-        if hi[k] > 0.0:
-            if res[k, 1] >= 0.0 or reach >= p.far:
-                first[order[s + k]] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
-            else:
-                first[order[s + k]] = wp.vec4(0.0, FIRST_BEYOND, 0.0, 0.0)
+    for r in range(runs):
+        if runs > 1:  # (most groups are one run: hi is set)
+            size = int(0)
+            for k in range(m):
+                hi[k] = 0.0
+                if run[k] == r:
+                    hi[k] = reach
+                    size += 1
+            if size < 2:
+                continue
+        res = wide_packet_from(geo.wide_boxes, geo.wide_child, geo.wide_v0, geo.wide_e1, geo.wide_e2, geo.wide_fid,
+                               orgs, dirs, lo, hi, m)
+        for k in range(m):
+            if run[k] == r:
+                if res[k, 1] >= 0.0 or reach >= p.far:
+                    first[order[s + k]] = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
+                else:
+                    first[order[s + k]] = wp.vec4(0.0, FIRST_BEYOND, 0.0, 0.0)
 
 
 @wp.kernel(enable_backward=False)

@@ -43,10 +43,10 @@ MAX_SCENE_TIME_S = 1e7
 #: traversal of the 8-wide BVH (:mod:`wsim.kernels.packet`), bit-identical to tracing them one by one; False (or
 #: ``WSIM_BEAM_PACKETS=0``) traces them one by one. CUDA always traces them one by one.
 BEAM_PACKETS = os.environ.get("WSIM_BEAM_PACKETS", "1") != "0"
-#: IDEALIZED first rays on the CPU (static scene on the 8-wide BVH) are traced 16 firings at a time as multi-origin
-#: packets (:func:`wsim.kernels.lidar.lidar_first_kernel`): one emitter over 16 consecutive ticks of a spinning head,
-#: 16 neighbours of one row of a solid state's grid; the same bits as one by one. ``WSIM_LIDAR_PACKETS=0`` traces
-#: every firing alone. CUDA always traces them one by one.
+#: IDEALIZED first rays on the CPU (static scene on the 8-wide BVH) are traced in groups of neighbouring firings as
+#: multi-origin packets (:func:`wsim.kernels.lidar.lidar_first_kernel`): one emitter over consecutive ticks of a
+#: spinning head, neighbours in one row of a solid state's grid (:meth:`Lidar._first_group`); the same bits as one by
+#: one. ``WSIM_LIDAR_PACKETS=0`` traces every firing alone. CUDA always traces them one by one.
 FIRST_PACKETS = os.environ.get("WSIM_LIDAR_PACKETS", "1") != "0"
 #: ISO 8855 sensor axes to the application's axes (wsim: the same axes).
 MODEL_TO_APP = np.eye(4, dtype=np.float32)
@@ -448,12 +448,12 @@ class Lidar:
             first = wp.empty(0, dtype=wp.vec4, device=d)
             if FIRST_PACKETS and p.ray_type == K.RAY_IDEALIZED and geo.geo.use_wide != 0 and wp.get_device(d).is_cpu:
                 first = scratch.array("first", n_fire, wp.vec4)
-                n_groups = -(-n_fire // int(K.FIRST_PACKET))
+                group = self._first_group()
                 em_g, slot_g, by_pos = self._first_tables(em, fire_slot)
-                _launch.launch(K.lidar_first_kernel, n_groups,
+                _launch.launch(K.lidar_first_kernel, -(-n_fire // group),
                                [geo.geo, p, em_g, tt, slot_g, n_fs, fposes, poses, self._first_order(n_ticks), by_pos,
-                                n_fire],
-                               [first], device=d, min_shard=max(1, _launch.MIN_SHARD // int(K.FIRST_PACKET)))
+                                group, n_fire],
+                               [first], device=d, min_shard=max(1, _launch.MIN_SHARD // group))
             _launch.launch(K.lidar_fire_kernel, n_batches,
                            [geo.geo, p, em, tt, poses, refl, trans, gain, ohash, pnum, fire_slot, n_fs, fposes,
                             first, n_fire, batch],
@@ -569,12 +569,13 @@ class Lidar:
 
     def _first_order(self, n_ticks: int) -> wp.array:
         """The firings of ``n_ticks`` ticks in the order :func:`wsim.kernels.lidar.lidar_first_kernel` groups them
-        (16 at a time): spinning, each emitter over 16 consecutive ticks; solid state, each tick's emitters by
-        elevation, then azimuth (state 0's table), so that a group is a run along one row of the grid."""
+        (:meth:`_first_group` at a time): spinning, each emitter over that many consecutive ticks; solid state, each
+        tick's emitters by elevation, then azimuth (state 0's table), so that a group is a run along one row of the
+        grid."""
         key = ("first_order", str(self.device), n_ticks)  # (a step holds one of a few tick counts)
         if key in self._emitters:
             return self._emitters[key]
-        c, g = self.config, int(K.FIRST_PACKET)
+        c, g = self.config, self._first_group()
         ne = c.number_of_emitters
         fire = np.arange(n_ticks * ne, dtype=np.int64).reshape(n_ticks, ne)
         if c.scan_type is ScanType.ROTARY:
@@ -586,6 +587,26 @@ class Lidar:
         self._emitters[key] = wp.array(order.astype(np.int32), dtype=wp.int32, device=self.device)
         return self._emitters[key]
 
+    def _first_group(self) -> int:
+        """Firings a group of :func:`wsim.kernels.lidar.lidar_first_kernel` takes: as many neighbours as span
+        :data:`~wsim.kernels.lidar.FIRST_SPAN_DEG` — consecutive ticks of a spinning head (360° / ticks per scan
+        apart), neighbours in a row of a solid state's grid (the median azimuth step along its rows, state 0)."""
+        key = ("first_group",)
+        if key not in self._emitters:
+            c = self.config
+            if c.scan_type is ScanType.ROTARY:
+                step = 360.0 / max(1, c.ticks_per_scan)
+            else:
+                st, row = c.emitter_states[0], self._solid_row()
+                az = np.asarray(st.azimuth_deg, np.float64)[row]
+                el = np.asarray(st.elevation_deg, np.float64)[row]
+                da = np.diff(az)[np.diff(el) == 0]
+                da = da[da > 0]
+                step = float(np.median(da)) if len(da) else 360.0
+            span = np.floor(K.FIRST_SPAN_DEG / step * (1.0 + 1e-4))  # (a float32 step a hair over 0.1°: 48, not 47)
+            self._emitters[key] = int(np.clip(span, 2, K.FIRST_GROUP_MAX))
+        return self._emitters[key]
+
     def _solid_row(self) -> np.ndarray:
         """A solid-state lidar's emitters by elevation, then azimuth (state 0's table): a tick's first-surface order."""
         st = self.config.emitter_states[0]
@@ -594,7 +615,7 @@ class Lidar:
     def _first_tables(self, em: K.EmitterTable, fire_slot: wp.array) -> tuple[K.EmitterTable, wp.array, int]:
         """The emitter table and firing-time slots :func:`wsim.kernels.lidar.lidar_first_kernel` reads, and whether
         they are in its order (``by_position``): a solid-state lidar's own tables reordered as :meth:`_first_order`
-        takes a tick's emitters (a group's 16 entries then lie together, not some hundred entries apart), else the
+        takes a tick's emitters (a group's entries then lie together, not some hundred entries apart), else the
         render's own (spinning lidars, whose tables are small; a render's overridden emitter angles)."""
         if self.config.scan_type is ScanType.ROTARY or em is not self._emitter_table():
             return em, fire_slot, 0
