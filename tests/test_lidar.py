@@ -1105,3 +1105,20 @@ def test_fast_atan2_within_three_ulp_of_atan2_with_its_gradient(device):
     ok = r2 > 0
     np.testing.assert_allclose(ya.grad.numpy()[ok], x[ok] / r2[ok], rtol=1e-5)
     np.testing.assert_allclose(xa.grad.numpy()[ok], -y[ok] / r2[ok], rtol=1e-5)
+
+
+def test_typed_params_types_every_param_and_names_the_one_that_does_not_fit():
+    """PointCloud params are NumPy arrays of the contract's dtype and shape; a value that does not fit (a negative
+    or too large integer, a fraction for an integer, the wrong count) raises naming the param."""
+    from wsim.sensors.pointcloud import typed_params
+
+    out = typed_params({"frameId": 3, "maxPoints": 2**32 - 1, "frameStartPosM": [1.0, 2.0, 3.0],
+                        "modelToAppTransform": np.eye(4), "compensationReference": "start"})
+    assert out["frameId"].dtype == np.uint64 and out["frameId"].shape == (1,) and out["frameId"][0] == 3
+    assert out["maxPoints"].dtype == np.uint32 and out["maxPoints"][0] == 2**32 - 1
+    assert out["frameStartPosM"].dtype == np.float32 and out["frameStartPosM"].tolist() == [1.0, 2.0, 3.0]
+    assert out["modelToAppTransform"].shape == (4, 4) and out["compensationReference"] == "start"
+    for name, bad in (("timestampNs", -1), ("frameId", 1.5), ("frameStartPosM", [1.0, 2.0]), ("maxPoints", 2**32),
+                      ("modality", np.array([1, 2])), ("frameOfReference", 70000)):
+        with pytest.raises(ValueError, match=f"param {name}:"):
+            typed_params({name: bad})

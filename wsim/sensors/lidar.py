@@ -411,9 +411,13 @@ class Lidar:
         em, gain = self._emitter_table(), self._gain_array()
         if requires_grad or set(ov) - {"rays"}:  # this render's own copies of what the tape differentiates
             em, gain, refl = self._render_inputs(em, gain, refl, ov)
-        pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
-        poses = wp.array(np.concatenate([traj.translations, traj.rotations], 1).astype(np.float32),
-                         dtype=wp.transform, device=d, requires_grad=requires_grad)
+        key_poses = np.concatenate([traj.translations, traj.rotations], 1)
+        if requires_grad:  # (the tape's own input)
+            pose_times = wp.array(traj.times.astype(np.float32), dtype=float, device=d)
+            poses = wp.array(key_poses.astype(np.float32), dtype=wp.transform, device=d, requires_grad=True)
+        else:
+            pose_times = scratch.filled("pose_times", traj.times, float)
+            poses = scratch.filled("poses", key_poses, wp.transform)
         ref_time = (ts_ns if comp_ref == "start" else te_ns) * 1e-9
         if c.instant_lidar:
             ref_time = t0_ns * 1e-9
@@ -428,15 +432,15 @@ class Lidar:
         if n_fire:
             abs_ns = ticks["abs_ns"].astype(np.int64)
             fire_t = abs_ns * 1e-9 if not c.instant_lidar else np.full(n_ticks, t0_ns * 1e-9)
-            tt.time = wp.array(fire_t.astype(np.float32), dtype=float, device=d)
-            tt.rel_scan = wp.array((ticks["rel_ns"] * 1e-9).astype(np.float32), dtype=float, device=d)
-            tt.offset_ns = wp.array(abs_ns - ts_ns, dtype=wp.int64, device=d)
-            tt.window_lo_ns = wp.array(t0_ns - abs_ns, dtype=wp.int64, device=d)
-            tt.window_hi_ns = wp.array(t1_ns - abs_ns, dtype=wp.int64, device=d)
-            tt.period_ns = wp.array(ticks["period_ns"].astype(np.int64), dtype=wp.int64, device=d)
-            tt.tick_id = wp.array(ticks["tick_id"].astype(np.int32), dtype=wp.int32, device=d)
-            tt.state = wp.array(ticks["state"].astype(np.int32), dtype=wp.int32, device=d)
-            tt.scan = wp.array(ticks["scan"].astype(np.int32), dtype=wp.int32, device=d)
+            tt.time = scratch.filled("time", fire_t, float)
+            tt.rel_scan = scratch.filled("rel_scan", ticks["rel_ns"] * 1e-9, float)
+            tt.offset_ns = scratch.filled("offset_ns", abs_ns - ts_ns, wp.int64)
+            tt.window_lo_ns = scratch.filled("window_lo_ns", t0_ns - abs_ns, wp.int64)
+            tt.window_hi_ns = scratch.filled("window_hi_ns", t1_ns - abs_ns, wp.int64)
+            tt.period_ns = scratch.filled("period_ns", ticks["period_ns"], wp.int64)
+            tt.tick_id = scratch.filled("tick_id", ticks["tick_id"], wp.int32)
+            tt.state = scratch.filled("state", ticks["state"], wp.int32)
+            tt.scan = scratch.filled("scan", ticks["scan"], wp.int32)
             fire_slot, slot_ns, n_fs = self._fire_slots()
             fposes = scratch.array("fposes", n_ticks * n_fs, K.FiringPose)
             _launch.launch(K.firing_pose_kernel, n_ticks * n_fs, [p, tt, slot_ns, n_fs, pose_times, poses,
@@ -658,7 +662,8 @@ class Lidar:
         count = 0
         if n_batches:
             wp.utils.array_scan(counts, ends, inclusive=True)
-            count = int(ends[n_batches - 1:n_batches].numpy()[0])
+            last = ends if wp.get_device(d).is_cpu else ends[n_batches - 1:n_batches]  # (CPU: a view, no copy)
+            count = int(last.numpy()[-1])
         # every row of a wanted channel is written by the compaction; the others are empty
         rows = {k: count if k in chans or k in CORE_CHANNELS or k == "src" else 0 for k in _OUTPUT_LAYOUT}
         out = self._outputs.arrays(rows, reserve=scratch.n)
@@ -668,7 +673,7 @@ class Lidar:
                            [scratch.slots, p, em, tt, counts, ends, int(p.want), batch],
                            [out[k] for k in _OUTPUT_LAYOUT if k != "src"] + [src], device=d,  # (the kernel's order)
                            min_shard=max(1, _launch.MIN_SHARD // batch))
-        out["Counts"] = wp.array([count], dtype=wp.int32, device=d)
+        out["Counts"] = wp.array(np.array([count], np.int32), dtype=wp.int32, device=d)
         channels = {k: out[k] for k in chans if k in out}
         origin_ns = int(self.scene.time_origin_us * 1000) if self.scene is not None else 0
         ts_ns, te_ns = frame
@@ -750,6 +755,10 @@ _OUTPUT_LAYOUT: dict[str, tuple[Any, Any]] = {
     "SemanticId": (wp.int32, lambda n: (n,)), "src": (wp.int32, lambda n: (n,)),
 }
 
+#: Bytes per point of each :data:`_OUTPUT_LAYOUT` array.
+_POINT_BYTES = {k: int(np.prod(shape(1))) * wp.types.type_size_in_bytes(dtype) for k, (dtype, shape) in
+                _OUTPUT_LAYOUT.items()}
+
 
 class _OutputBlocks:
     """Memory for the point clouds a lidar delivers: each render's arrays are views into one block, and the block
@@ -771,9 +780,8 @@ class _OutputBlocks:
     def _offsets(self, rows: dict[str, int]) -> tuple[dict[str, int], int]:
         off, at = {}, 0
         for k, n in rows.items():
-            dtype, shape = _OUTPUT_LAYOUT[k]
             off[k] = at
-            at += -(-int(np.prod(shape(n))) * wp.types.type_size_in_bytes(dtype) // self.ALIGN) * self.ALIGN
+            at += -(-n * _POINT_BYTES[k] // self.ALIGN) * self.ALIGN
         return off, at
 
     def _take(self, size: int) -> wp.array | None:
@@ -834,6 +842,18 @@ class _Scratch:
         a = self._arrays.get(name)
         if a is None or a.shape[0] != n or a.dtype != dtype:
             a = self._arrays[name] = wp.empty(n, dtype=dtype, device=self.device)
+        return a
+
+    def filled(self, name: str, values: np.ndarray, dtype) -> wp.array:
+        """The array ``name`` holding ``values`` (one element of ``dtype`` per row, cast as ``wp.array`` casts them):
+        on the CPU written in place, a few microseconds where a new array from NumPy costs some twenty."""
+        values = np.asarray(values)
+        if not wp.get_device(self.device).is_cpu:
+            self._arrays[name] = wp.array(values, dtype=dtype, device=self.device)
+            return self._arrays[name]
+        a = self.array(name, values.shape[0], dtype)
+        view = a.numpy()
+        view[...] = values.reshape(view.shape)
         return a
 
 

@@ -59,19 +59,27 @@ def typed_params(values: dict[str, Any]) -> dict[str, Any]:
         ValueError: A value does not fit its type (e.g. a negative timestamp for uint64); the message names it.
     """
     out = dict(values)
-    for name, (dtype, shape) in PARAMS.items():
+    for name, (dtype, shape, size, bounds) in _PARAM_TYPES.items():
         if name not in out:
             continue
         v = out[name]
         arr = np.asarray(v)
-        ok = arr.size == int(np.prod(shape))
-        if np.dtype(dtype).kind in "iu":
-            info = np.iinfo(dtype)
-            ok = ok and arr.dtype.kind in "iu" and info.min <= int(arr.min()) and int(arr.max()) <= info.max
+        ok = arr.size == size
+        if bounds is not None:
+            ok = ok and arr.dtype.kind in "iu"
+            if ok:  # (a single value read as an int: an array's min and max cost some microseconds each)
+                lo, hi = (int(arr.reshape(-1)[0]),) * 2 if size == 1 else (int(arr.min()), int(arr.max()))
+                ok = bounds[0] <= lo and hi <= bounds[1]
         if not ok:
             raise ValueError(f"param {name}: {v!r} is not a {dtype} of shape {list(shape)}")
         out[name] = arr.astype(dtype).reshape(shape)
     return out
+
+
+#: :data:`PARAMS` with each one's element count and, for integers, its dtype's (min, max).
+_PARAM_TYPES = {name: (dtype, shape, int(np.prod(shape)),
+                       (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max)) if np.dtype(dtype).kind in "iu" else None)
+                for name, (dtype, shape) in PARAMS.items()}
 
 
 @dataclass
