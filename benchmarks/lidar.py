@@ -328,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                  "the sweeps added on top of the scene."]
         text += ["", "Fire kernel share = time in `lidar_fire_kernel` (firing schedule, pose, tracing, echoes, "
                  "intensity, output frame) and `lidar_first_kernel` (IDEALIZED on the CPU: the firings' first static "
-                 "surfaces as packets of 16) / a profiled sweep; the rest is the prefix scan of the batch counts, compaction "
-                 "kernel and host work (tick tables, array allocation, Counts read-back)."]
+                 "surfaces as packets of neighbouring firings) / a profiled sweep; the rest is the firing-pose table, "
+                 "the prefix scan of the batch counts, compaction kernel and host work (tick tables, array allocation, "
+                 "Counts read-back)."]
         for r in results:
             sp = r.get("split", {})
             parts = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sp.items() if k != "total")
