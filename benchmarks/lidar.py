@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[list[str]] = []
     for key, (label, *_rest) in ROWS.items():
         gauss = "gauss" in key
-        reps = (1 if gauss else 3) if args.quick else (5 if gauss else 20)
+        reps = (1 if gauss else 3) if args.quick else (10 if gauss else 20)
         if device == "cuda":
             reps = 5 if args.quick else 20
         cmd = [sys.executable, str(Path(__file__).resolve()), "--row", key, "--device", device, "--reps", str(reps)]
