@@ -828,8 +828,8 @@ class _BlockHolder:
 
 class _Scratch:
     """The buffers of one render that do not outlive it: its slot buffers for ``n`` slots (:func:`_alloc_slots`)
-    and named arrays (firing poses, first surfaces, the compaction's keep mask and scan), handed on to the next
-    render of the same size so that a stream of sweeps allocates, and page-faults, none of them."""
+    and named arrays (tick and key-pose tables, firing poses, first surfaces, batch counts and their scan), handed
+    on to the next render of the same size so that a stream of sweeps allocates, and page-faults, none of them."""
 
     def __init__(self, n: int, device) -> None:
         self.n = n
