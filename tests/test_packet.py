@@ -12,7 +12,7 @@ from conftest import box_mesh, quad_mesh
 
 from wsim.kernels.packet import (PACKET, group_kind, mat64x3, unit_dirs, vec64f, vec64i, wide_packet, wide_packet16,
                                  wide_packet_from)
-from wsim.kernels.trace import LIST_COS, PACKET_COS, WHOLE_COS, SceneGeo, tile_indices
+from wsim.kernels.trace import LIST_COS, PACKET_COS, PRETEST_COS, WHOLE_COS, SceneGeo, tile_indices
 from wsim.kernels.widebvh import wide_closest, wide_slot
 from wsim.scene import Material, MeshData, Part, Scene
 from wsim.scene.geometry import SceneGeometry
@@ -341,6 +341,49 @@ def test_trace_grid_tiles_equal_ray_by_ray_traces(t_min, t_max):
     assert np.mean(grids[-2]["face"] >= 0) > 0.5
 
 
+def test_camera_tiles_within_a_degree_pretest_their_own_cone_and_miss_no_car():
+    """Tiles whose rays all lie within PRETEST_COS (1°) of their first (a fine camera grid: 16 × 4 pixels of 0.03°)
+    pre-test the moving car's box with a cone of 1°, not LIST_COS's 3°: a grid on a car driving down a road, from 25
+    m behind — tiles across its silhouette whose first ray passes its box while others hit the car — traces bit for
+    bit as ray by ray; so does a coarser grid, whose tiles of 2° keep LIST_COS's cone."""
+    from wsim.kernels.trace import PRETEST_COS
+    from wsim.scene import Instance
+
+    p, f = quad_mesh([-50.0, -20.0, 0.0], [150.0, 0.0, 0.0], [0.0, 40.0, 0.0])  # the road
+    scene = Scene(MeshData(p, f, 0))
+    bp, bf = box_mesh([-2.0, -1.0, 0.0], [2.0, 1.0, 1.5])
+    scene.parts.append(Part("/World/Car/body", material=0, semantic_class=scene.semantic_class_index("car")))
+    scene.prototypes.append(MeshData(bp, bf, len(scene.parts) - 1))
+    keys = np.linspace(0.0, 1.0, 101)  # 10 cm a key: its box over a key's motion is about the car's
+    scene.instances.append(Instance(0, keys, np.column_stack([20.0 + 10.0 * keys, 0 * keys, 0 * keys]),
+                                    [[0.0, 0.0, 0.0, 1.0]] * len(keys), object_id=7, name="/World/Car"))
+    geo = SceneGeometry(scene, "cpu")
+    t = 0.5
+    with geo.hold_time_window(t, t):  # the box the pre-test meets
+        lo, hi = geo.geo.inst_lo.numpy()[0].astype(float), geo.geo.inst_hi.numpy()[0].astype(float)
+    assert geo.geo.num_instances == 1
+    org = np.array([-2.0, 0.0, 1.75])
+    for rows, cols, tight in ((128, 256, True), (32, 64, False)):  # pixels of 0.03°, and of 0.125° (tiles of 2°)
+        d = _grid_rays(org, [1.0, 0.0, -0.04], rows, cols, 8.0, 4.0)
+        o = np.broadcast_to(org, d.shape)
+        tt = np.full(rows * cols, t)
+        r = _trace_ray_by_ray(geo, o.reshape(-1, 3), d.reshape(-1, 3), tt, 0.0, 1.0e6)
+        _assert_brief_is_the_records(geo.trace(o, d, tt, brief=True).numpy(), r)
+        u = d / np.linalg.norm(d, axis=-1, keepdims=True)
+        car = r["instance"].reshape(rows, cols) == 0
+        edge_tiles = 0
+        for y in range(0, rows, 4):
+            for x in range(0, cols, 16):
+                tile = u[y:y + 4, x:x + 16].reshape(-1, 3)
+                # the grid's 4 × 16 tiles lie within PRETEST_COS (or not, but within LIST_COS: LIST_SPREAD's cone)
+                assert (np.min(tile @ tile[0]) > PRETEST_COS) == tight and np.min(tile @ tile[0]) > LIST_COS
+                with np.errstate(divide="ignore"):
+                    s0, s1 = (lo - org) / tile[0], (hi - org) / tile[0]
+                first_in_box = np.max(np.minimum(s0, s1)) <= np.min(np.maximum(s0, s1))
+                edge_tiles += bool(car[y:y + 4, x:x + 16].any() and not first_in_box)
+        assert car.mean() > 0.2 and edge_tiles >= (10 if tight else 3), (rows, car.mean(), edge_tiles)
+
+
 @pytest.mark.parametrize("bake", [False, True], ids=["instances", "baked"])
 def test_instances_first_tiles_keep_static_ties_bit_for_bit(bake, monkeypatch):
     """Camera tiles at one instant whose cone lists instances trace them first and then the static tree only up to
@@ -479,13 +522,14 @@ def _group_setup(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], time
     for k in range(PACKET):
         idx[k] = idx_in[b, k]
     dirs = unit_dirs(directions, idx, m)
-    kind_out[b] = group_kind(origins, times, dirs, idx, m, PACKET_COS, LIST_COS, WHOLE_COS)
+    kind_out[b] = group_kind(origins, times, dirs, idx, m, PACKET_COS, LIST_COS, WHOLE_COS, PRETEST_COS)
     s = idx[0]
     d0 = wp.normalize(directions[s])
     o = origins[s]
     shared = m > 1
     narrow = bool(True)
     whole = bool(True)
+    tight = bool(True)
     same_time = bool(True)
     for k in range(PACKET):
         dirs_out[b, k] = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
@@ -498,6 +542,8 @@ def _group_setup(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], time
                 narrow = False
             if c < WHOLE_COS:
                 whole = False
+            if c < PRETEST_COS:
+                tight = False
             p = origins[i]
             if wide_slot(p[0]) != wide_slot(o[0]) or wide_slot(p[1]) != wide_slot(o[1]):
                 shared = False
@@ -516,12 +562,14 @@ def _group_setup(origins: wp.array[wp.vec3], directions: wp.array[wp.vec3], time
         kind += 4
     if same_time:
         kind += 8
+    if tight:
+        kind += 16
     ref_kind[b] = kind
 
 
 def test_group_setup_natives_equal_warp_expressions():
     """unit_dirs rounds each row as wp.normalize does (scaled, tiny, zero and NaN directions, partial chunks), and
-    group_kind tells the same packet, narrow, whole and same-time flags as the rules written in Warp."""
+    group_kind tells the same packet, narrow, whole, pre-test cone and same-time flags as the rules written in Warp."""
     rng = np.random.default_rng(3)
     n = 4096
     axis = np.array([0.3, -0.8, 0.5])
@@ -561,7 +609,7 @@ def test_group_setup_natives_equal_warp_expressions():
     k, rk = kind.numpy(), ref_kind.numpy()
     assert np.array_equal(k, rk), np.nonzero(k != rk)
     # every flag is seen both set and clear, so the comparison covers each rule
-    for bit in (1, 2, 4, 8):
+    for bit in (1, 2, 4, 8, 16):
         assert (k & bit).any() and (~k & bit).any(), bit
 
 

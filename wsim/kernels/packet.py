@@ -1020,18 +1020,18 @@ def unit_dirs(directions: wp.array[wp.vec3], idx: vec64i, m: int) -> mat64x3:
 #: How a group of rays (unit directions ``dirs``) may be traced together: bit 1 when they share their origin (the
 #: same float bits), lie within ``packet_cos`` of the first ray's direction and in its octant (every component's
 #: product with the first's positive), and are more than one; bit 2 when all lie within ``list_cos`` of the first,
-#: bit 4 within ``whole_cos``; bit 8 when their times have the same bits. A NaN cosine fails no test (as ``c <
+#: bit 4 within ``whole_cos``, bit 16 within ``tight_cos``; bit 8 when their times have the same bits. A NaN cosine fails no test (as ``c <
 #: cos``); the cosine rounds as ``wp.dot`` rounds it. Runs of 16 rays in a row are loaded as vectors.
 _GROUP_KIND = r"""
 const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
-if (M == 0) return 2 | 4 | 8;
+if (M == 0) return 2 | 4 | 8 | 16;
 const int s = idx.c[0];
 const wp::vec3 o = wp::index(origins, s);
 const float t0 = wp::index(times, s);
 const float ax = dirs.data[0][0], ay = dirs.data[0][1], az = dirs.data[0][2];
 #if defined(__CUDA_ARCH__)
 const int ob[3] = {__float_as_int(o[0]), __float_as_int(o[1]), __float_as_int(o[2])}, tb = __float_as_int(t0);
-bool shared = M > 1, narrow = true, whole = true, same_time = true;
+bool shared = M > 1, narrow = true, whole = true, tight = true, same_time = true;
 for (int k = 0; k < M; ++k) {
     const int i = idx.c[k];
     const float x = dirs.data[k][0], y = dirs.data[k][1], z = dirs.data[k][2];
@@ -1039,19 +1039,20 @@ for (int k = 0; k < M; ++k) {
     const wp::vec3 p = wp::index(origins, i);
     narrow = narrow && !(c < list_cos);
     whole = whole && !(c < whole_cos);
+    tight = tight && !(c < tight_cos);
     shared = shared && __float_as_int(p[0]) == ob[0] && __float_as_int(p[1]) == ob[1] &&
              __float_as_int(p[2]) == ob[2] && !(c < packet_cos) && !(x * ax <= 0.0f) && !(y * ay <= 0.0f) &&
              !(z * az <= 0.0f);
     same_time = same_time && __float_as_int(wp::index(times, i)) == tb;
 }
-return (shared ? 1 : 0) | (narrow ? 2 : 0) | (whole ? 4 : 0) | (same_time ? 8 : 0);
+return (shared ? 1 : 0) | (narrow ? 2 : 0) | (whole ? 4 : 0) | (same_time ? 8 : 0) | (tight ? 16 : 0);
 #else
 int ob[3], tb;
 __builtin_memcpy(ob, &o, sizeof(ob));
 __builtin_memcpy(&tb, &t0, sizeof(tb));
 typedef float v16 __attribute__((ext_vector_type(16)));
 typedef int i16 __attribute__((ext_vector_type(16)));
-i16 bad_shared = 0, bad_narrow = 0, bad_whole = 0, bad_time = 0;
+i16 bad_shared = 0, bad_narrow = 0, bad_whole = 0, bad_tight = 0, bad_time = 0;
 @SHUFFLES16@
 const i16 IOTA = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 // the first origin's bits repeated: 16 rows of (x, y, z) as three vectors (shuffles of one vector: a loop of 48
@@ -1125,21 +1126,23 @@ for (int c = 0; c < M; c += 16) {
     const v16 ZERO = 0.0f;
     bad_narrow |= cs < list_cos;
     bad_whole |= cs < whole_cos;
+    bad_tight |= cs < tight_cos;
     bad_shared |= bad_org | (cs < packet_cos) | (sx <= ZERO) | (sy <= ZERO) | (sz <= ZERO);
     bad_time |= t != tb;
 }
 const bool shared = M > 1 && !__builtin_reduce_or(bad_shared);
 return (shared ? 1 : 0) | (__builtin_reduce_or(bad_narrow) ? 0 : 2) | (__builtin_reduce_or(bad_whole) ? 0 : 4) |
-       (__builtin_reduce_or(bad_time) ? 0 : 8);
+       (__builtin_reduce_or(bad_time) ? 0 : 8) | (__builtin_reduce_or(bad_tight) ? 0 : 16);
 #endif
 """
 
 
 @wp.func_native(_GROUP_KIND.replace("@SHUFFLES16@", SHUFFLES16))
 def group_kind(origins: wp.array[wp.vec3], times: wp.array[float], dirs: mat64x3, idx: vec64i, m: int,
-               packet_cos: float, list_cos: float, whole_cos: float) -> int:
+               packet_cos: float, list_cos: float, whole_cos: float, tight_cos: float) -> int:
     """How rays ``idx[k]``, ``k < m``, with unit directions ``dirs[k]`` (:func:`unit_dirs`), may be traced
     together: bit 1 one packet (one origin, the same float bits; more than one ray; within ``packet_cos`` of the
     first ray's direction and in its octant), bit 2 all within ``list_cos`` of the first, bit 4 within
-    ``whole_cos``, bit 8 all at the first ray's time (the same bits). Vectorised on the CPU."""
+    ``whole_cos``, bit 16 within ``tight_cos``, bit 8 all at the first ray's time (the same bits). Vectorised on the
+    CPU."""
     ...

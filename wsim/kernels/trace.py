@@ -936,6 +936,13 @@ LIST_COS = WHOLE_COS
 PRETEST_EACH = wp.constant(4)
 #: The tangent of LIST_COS's angle, with cone_instances' margin.
 LIST_SPREAD = wp.constant(math.sqrt(1.0 - float(WHOLE_COS) ** 2) / float(WHOLE_COS) * 1.01 + 1.0e-5)
+#: A narrow packet within 1° of its first ray (a camera tile: 16 × 4 pixels of a 1920-pixel, 60° image span 0.5°) is
+#: pre-tested with a cone of 1° (``PRETEST_SPREAD``) instead of LIST_COS's 3°: on the built-in street's 1080p camera
+#: 2,600 of 32,400 tiles then meet a moving car's box instead of 6,100 (the 1,700 that list one are the same), the
+#: others skip the listing that finds nothing.
+PRETEST_COS = wp.constant(0.9998477)
+#: The tangent of PRETEST_COS's angle, with cone_instances' margin.
+PRETEST_SPREAD = wp.constant(math.sqrt(1.0 - float(PRETEST_COS) ** 2) / float(PRETEST_COS) * 1.01 + 1.0e-5)
 
 
 @wp.func_native(r"""
@@ -1029,7 +1036,7 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
     direction and octant: ray by ray."""
     o = origins[idx[0]]
     dirs = unit_dirs(directions, idx, m)
-    kind = group_kind(origins, times, dirs, idx, m, PACKET_COS, LIST_COS, WHOLE_COS)
+    kind = group_kind(origins, times, dirs, idx, m, PACKET_COS, LIST_COS, WHOLE_COS, PRETEST_COS)
     shared = (kind & 1) != 0
     narrow = (kind & 2) != 0  # all within LIST_COS of the first
     whole = (kind & 4) != 0
@@ -1049,15 +1056,16 @@ def _trace_group(geo: SceneGeo, origins: wp.array[wp.vec3], directions: wp.array
             # packet cost a 1080p camera 3 ms with two cars 1 km away.)
             d0 = wp.vec3(dirs[0, 0], dirs[0, 1], dirs[0, 2])
             rcp0 = wp.vec3(1.0 / d0[0], 1.0 / d0[1], 1.0 / d0[2])
+            spread = wp.where((kind & 16) != 0, PRETEST_SPREAD, LIST_SPREAD)  # (all within PRETEST_COS: its cone)
             listing = 1
             meets = bool(False)
             if geo.num_instances <= PRETEST_EACH:  # each instance's own box
                 for j in range(geo.num_instances):
                     i = geo.inst_traced[j]
                     if not meets:
-                        meets = cone_meets_box(o, d0, rcp0, LIST_SPREAD, geo.inst_lo[i], geo.inst_hi[i])
+                        meets = cone_meets_box(o, d0, rcp0, spread, geo.inst_lo[i], geo.inst_hi[i])
             else:
-                meets = cone_meets_box(o, d0, rcp0, LIST_SPREAD, geo.traced_lo, geo.traced_hi)
+                meets = cone_meets_box(o, d0, rcp0, spread, geo.traced_lo, geo.traced_hi)
             if meets:
                 listing = _trace_instances_first(geo, o, dirs, m, lo, t_max, times, idx, hits)
                 if listing == 2:
