@@ -35,6 +35,7 @@ from .lidar_types import (  # noqa: F401
 )
 from .pose import difference_window, key_segment, quat_slerp_shortest
 from .packet import mat64x3, mat64x4, vec64f, wide_packet, wide_packet_from
+from .widebvh import wide_slot
 from .trace import (HIT_EPS_ABS, HIT_EPS_REL, PACKET_COS, PACKET_REACH, Hit, Listed, SceneGeo, closest_hit,
                     closest_hit_beyond, closest_hit_given, cone_instances, continue_past, hit_distance, hit_record,
                     listed_packet, miss, nearest_hit, point_velocity, shading_normal, static_hit)
@@ -520,13 +521,26 @@ def _walk_packets(listing: bool, echoes: bool):
                 lt, lf, li, lu, lv, lnx, lny, lnz = listed_packet(geo, ray.origin, dirs, n, lo, going, p.far, time,
                                                                   res, listed)
             more = int(0)
+            # the static triangle (slot) of the sub-ray before and its record: a beam's sub-rays mostly meet one
+            # triangle, whose record differs only in t, point, u and v (the same bits as static_hit makes them)
+            c_slot = int(-1)
+            c_h = miss()
             for k in range(n):
                 if found[k] == depth and hi[k] > 0.0:
                     dk = wp.vec3(dirs[k, 0], dirs[k, 1], dirs[k, 2])
                     w = wp.vec4(res[k, 0], res[k, 1], res[k, 2], res[k, 3])
                     h = miss()
                     if wp.static(not listing):
-                        h = static_hit(geo, ray.origin, dk, time, lo[k], p.far, w)
+                        if w[1] >= 0.0 and wide_slot(w[1]) == c_slot:  # (compared as ints: no denormal rule)
+                            h = c_h
+                            h.t = lo[k] + w[0]
+                            h.point = ray.origin + dk * h.t
+                            h.u = w[2]
+                            h.v = w[3]
+                        else:
+                            h = static_hit(geo, ray.origin, dk, time, lo[k], p.far, w)
+                            c_h = h
+                            c_slot = wp.where(w[1] >= 0.0, wide_slot(w[1]), -1)
                     elif listed.n < 0:
                         h = closest_hit_given(geo, ray.origin, dk, lo[k], p.far, time, w)
                     else:
