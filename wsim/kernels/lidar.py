@@ -473,9 +473,11 @@ def _walk_packets(listing: bool, echoes: bool):
     going (all at depth 0, then those that went through a transmissive surface, from just past it) traverse the
     static tree as one packet (:func:`wsim.kernels.packet.wide_packet` over per-ray ranges: each ray's own query,
     bit for bit) and the instances listed once for the beam's cone as packets
-    (:func:`wsim.kernels.trace.listed_packet`; too many to list: ray by ray through the top level); then the
-    contributions are inserted in :func:`walk_beam`'s order, so equal ranges rank alike. The same bits as
-    :func:`walk_beam`. ``listed``: :func:`wsim.kernels.trace.cone_instances` for the beam.
+    (:func:`wsim.kernels.trace.listed_packet`; too many to list: ray by ray through the top level); a sub-ray on
+    the static triangle of the sub-ray before it takes that one's record with its own t, point, u and v (most of a
+    beam's sub-rays meet one triangle); then the contributions are inserted in :func:`walk_beam`'s order, so equal
+    ranges rank alike. The same bits as :func:`walk_beam`. ``listed``: :func:`wsim.kernels.trace.cone_instances` for
+    the beam.
 
     Variants (Warp declares and zeroes every vector a function assigns, once per call, so each keeps only the ones
     it needs): ``listing`` False for a beam that lists no instance (its static answers alone, nothing kept for the
