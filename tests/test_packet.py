@@ -346,7 +346,6 @@ def test_camera_tiles_within_a_degree_pretest_their_own_cone_and_miss_no_car():
     pre-test the moving car's box with a cone of 1°, not LIST_COS's 3°: a grid on a car driving down a road, from 25
     m behind — tiles across its silhouette whose first ray passes its box while others hit the car — traces bit for
     bit as ray by ray; so does a coarser grid, whose tiles of 2° keep LIST_COS's cone."""
-    from wsim.kernels.trace import PRETEST_COS
     from wsim.scene import Instance
 
     p, f = quad_mesh([-50.0, -20.0, 0.0], [150.0, 0.0, 0.0], [0.0, 40.0, 0.0])  # the road

@@ -1020,8 +1020,9 @@ def unit_dirs(directions: wp.array[wp.vec3], idx: vec64i, m: int) -> mat64x3:
 #: How a group of rays (unit directions ``dirs``) may be traced together: bit 1 when they share their origin (the
 #: same float bits), lie within ``packet_cos`` of the first ray's direction and in its octant (every component's
 #: product with the first's positive), and are more than one; bit 2 when all lie within ``list_cos`` of the first,
-#: bit 4 within ``whole_cos``, bit 16 within ``tight_cos``; bit 8 when their times have the same bits. A NaN cosine fails no test (as ``c <
-#: cos``); the cosine rounds as ``wp.dot`` rounds it. Runs of 16 rays in a row are loaded as vectors.
+#: bit 4 within ``whole_cos``, bit 16 within ``tight_cos``; bit 8 when their times have the same bits. A NaN cosine
+#: fails no test (as ``c < cos``); the cosine rounds as ``wp.dot`` rounds it. Runs of 16 rays in a row are loaded as
+#: vectors.
 _GROUP_KIND = r"""
 const int M = m < 0 ? 0 : (m > 64 ? 64 : m);
 if (M == 0) return 2 | 4 | 8 | 16;
